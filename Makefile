@@ -1,0 +1,47 @@
+# zero-course: `make train` runs the main job, `make test` runs everything CI runs, `make lab` opens the course.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+# Knobs for `make train` (GPU host defaults differ; see README).
+GPU := $(shell [ -x $(PY) ] && $(PY) -c "import torch; print(int(torch.cuda.is_available()))" 2>/dev/null || echo 0)
+PRESET ?= $(if $(filter 1,$(GPU)),qwen2.5-7b,tiny)
+CONFIG ?= ds_configs/zero3.json
+STEPS ?= $(if $(filter 1,$(GPU)),20,30)
+NPROC ?=
+OUT ?= runs/train
+LOSS ?= $(if $(filter 1,$(GPU)),liger,hf)
+CHECKPOINTING ?= $(if $(filter 1,$(GPU)),full,none)
+
+.PHONY: train test unit notebooks book lab clean
+
+$(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q --no-deps -r requirements-nodeps.txt
+	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
+	touch $(STAMP)
+
+train: $(STAMP)
+	$(VENV)/bin/labs train --preset $(PRESET) --config $(CONFIG) --steps $(STEPS) --out $(OUT) \
+	  --loss $(LOSS) --activation-checkpointing $(CHECKPOINTING) $(if $(NPROC),--nproc $(NPROC))
+
+test: $(STAMP) unit notebooks book
+
+unit: $(STAMP)
+	$(PY) -m pytest tests -q
+
+notebooks: $(STAMP)
+	$(PY) -m pytest --nbval-lax notebooks -q -p no:cacheprovider
+
+book: $(STAMP)
+	rm -rf book/_build
+	$(VENV)/bin/jupyter-book build -W --keep-going book/
+
+lab: $(STAMP)
+	$(VENV)/bin/jupyter lab --ServerApp.ip=127.0.0.1 --notebook-dir=.
+
+clean:
+	rm -rf runs book/_build

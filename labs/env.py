@@ -1,0 +1,120 @@
+"""The environment: a short report with fixes (`labs env`), and the repairs `labs.launch` applies to the
+environment of the ranks it starts."""
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata as md
+import os
+import platform
+import re
+import sys
+
+import torch
+
+
+def repaired_environment(nproc: int, cpu_offload: bool, base: dict | None = None) -> tuple[dict, list[str]]:
+    """A copy of the environment for the ranks, with known traps fixed; returns it and what changed.
+    Everything else (NCCL_NVLS_ENABLE=0 and the like) is inherited unchanged."""
+    env = dict(os.environ if base is None else base)
+    changes = []
+    arch = env.get("TORCH_CUDA_ARCH_LIST", "")
+    fixed = re.sub(r"(\d+\.\d+)a\b", r"\1", arch)
+    if fixed != arch:
+        # DeepSpeed 0.19's JIT builder reads '9.0a' as an int and crashes while building FusedAdam.
+        env["TORCH_CUDA_ARCH_LIST"] = fixed
+        changes.append(f"TORCH_CUDA_ARCH_LIST {arch!r} -> {fixed!r} (DeepSpeed's op builder cannot parse 'a')")
+    cores = os.cpu_count() or 1
+    threads = max(1, cores // max(1, nproc))
+    if "OMP_NUM_THREADS" not in env or (cpu_offload and env["OMP_NUM_THREADS"] == "1" and threads > 1):
+        # torchrun sets OMP_NUM_THREADS=1 for several ranks; CPU-Adam then steps on one core.
+        if env.get("OMP_NUM_THREADS") == "1":
+            changes.append(f"OMP_NUM_THREADS 1 -> {threads} (CPU-Adam would run on one core)")
+        env["OMP_NUM_THREADS"] = str(threads)
+    if not torch.cuda.is_available():
+        env["DS_ACCELERATOR"] = "cpu"
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env.setdefault("PYTHONWARNINGS", "ignore::FutureWarning")   # DeepSpeed calls deprecated torch.distributed APIs
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    return env, changes
+
+
+def _version(name: str) -> str | None:
+    try:
+        return md.version(name)
+    except md.PackageNotFoundError:
+        return None
+
+
+def report() -> dict:
+    """Versions, devices, which DeepSpeed ops can build here, and problems with their fixes."""
+    info = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
+            "cpu_cores": os.cpu_count(), "gpus": []}
+    for name in ("deepspeed", "transformers", "accelerate", "tiktoken", "dashscope", "liger-kernel", "triton"):
+        info[name] = _version(name)
+    problems = []
+    if torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            props = torch.cuda.get_device_properties(i)
+            info["gpus"].append(f"{props.name}, {props.total_memory / 2**30:.0f} GiB, sm_{props.major}{props.minor}")
+    elif info["cuda"] is None:
+        problems.append("no GPU: training runs on CPU with gloo (2 ranks). On a GPU host install a CUDA build "
+                        "of torch (README: 'GPU hosts')")
+    if info["deepspeed"] is None:
+        problems.append("DeepSpeed is missing: `pip install deepspeed==0.19.8`")
+    else:
+        info["deepspeed_ops"] = _deepspeed_ops()
+    if info["dashscope"] is None:
+        problems.append("the Qwen tokenizer file is missing: `pip install --no-deps dashscope==2.0.2`")
+    if torch.cuda.is_available() and info["liger-kernel"] is None:
+        problems.append("Liger Kernel is missing (the fast loss and kernels): `pip install liger-kernel`")
+    _, fixes = repaired_environment(max(1, torch.cuda.device_count()), cpu_offload=True)
+    problems += [f"environment: {fix}; `labs` launches fix this for their ranks" for fix in fixes]
+    info["problems"] = problems
+    return info
+
+
+def _deepspeed_ops() -> dict:
+    """Can each op that the course uses be built (just in time) on this machine?"""
+    os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
+    from deepspeed.accelerator import get_accelerator
+
+    ops = {}
+    for op in ("FusedAdamBuilder", "CPUAdamBuilder", "AsyncIOBuilder"):
+        try:
+            builder = get_accelerator().create_op_builder(op)
+            with _quiet_fds():   # the compatibility probes compile test programs and print linker errors
+                ops[op.replace("Builder", "")] = bool(builder and builder.is_compatible(verbose=False))
+        except Exception as exc:   # a broken toolchain is a finding, not a crash of the report
+            ops[op.replace("Builder", "")] = f"error: {exc}"
+    return ops
+
+
+@contextlib.contextmanager
+def _quiet_fds():
+    """Silence stdout/stderr at the file-descriptor level (child compilers write there directly)."""
+    sys.stdout.flush(), sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    with open(os.devnull, "w") as devnull:
+        os.dup2(devnull.fileno(), 1)
+        os.dup2(devnull.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for fd in saved:
+                os.close(fd)
+
+
+def format_report(info: dict) -> str:
+    lines = [f"python {info['python']}, torch {info['torch']} (CUDA {info['cuda'] or 'none'}), "
+             f"{info['cpu_cores']} CPU cores"]
+    lines.append("GPUs: " + ("; ".join(info["gpus"]) if info["gpus"] else "none"))
+    lines.append(", ".join(f"{name} {info[name] or 'missing'}" for name in
+                           ("deepspeed", "transformers", "accelerate", "tiktoken", "dashscope", "liger-kernel")))
+    if "deepspeed_ops" in info:
+        lines.append("DeepSpeed ops buildable here: " +
+                     ", ".join(f"{op} {'yes' if ok is True else 'no' if ok is False else ok}"
+                               for op, ok in info["deepspeed_ops"].items()))
+    lines += [f"problem: {p}" for p in info["problems"]] or ["no problems found"]
+    return "\n".join(lines)

@@ -1,0 +1,176 @@
+"""The host side: check the inputs, write the run folder's inputs, start the ranks, stream their output,
+and publish the run folder only when every rank finished.
+
+    from labs import launch
+    run = launch.run(preset="tiny", config="ds_configs/zero3.json", steps=30, out="runs/demo")
+    run.summary["final_loss"], run.metrics[-1]
+
+Without a GPU it starts 2 CPU ranks (gloo, DS_ACCELERATOR=cpu); with GPUs, one rank per GPU (NCCL).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from labs import config as ds_config_lib
+from labs import data, metrics, models
+from labs.env import repaired_environment
+from labs.errors import LabsError, RankFailed
+
+
+@dataclass
+class Run:
+    """A finished run folder: its inputs, per-step metrics and summary."""
+    path: Path
+
+    @property
+    def metrics(self) -> list[dict]:
+        return metrics.read_jsonl(self.path / "metrics.jsonl")
+
+    @property
+    def summary(self) -> dict:
+        return json.loads((self.path / "summary.json").read_text())
+
+    @property
+    def spec(self) -> dict:
+        return json.loads((self.path / "run.json").read_text())
+
+    @property
+    def ds_config(self) -> dict:
+        return json.loads((self.path / "ds_config.json").read_text())
+
+    @property
+    def losses(self) -> list[float]:
+        return [m["loss"] for m in self.metrics]
+
+
+def prepare(preset="tiny", config="ds_configs/zero3.json", steps=30, out="runs/demo", nproc=None, model_path=None,
+            seed=0, micro_batch=None, grad_accum=None, seq_len=None, lr=None, data_path=None, loss="hf",
+            activation_checkpointing="none", warmup_steps=2, engine="deepspeed", stock=False):
+    """Check every input before anything is written; return (spec, resolved DeepSpeed config)."""
+    models.check_preset(preset)
+    if engine not in ("deepspeed", "fsdp2"):
+        raise LabsError(f"unknown engine '{engine}'; choose deepspeed or fsdp2")
+    if not isinstance(steps, int) or steps < 1:
+        raise LabsError(f"--steps must be a positive integer, not {steps!r}")
+    raw = ds_config_lib.load(config)
+    dims = models.shape(preset)
+    if model_path is not None:
+        model_path = str(models.check_model_path(model_path).resolve())
+        dims = models.shape(_hf_config(model_path))
+    if data_path is not None:
+        data_path = str(Path(data_path).resolve())
+        data.check_path(data_path)
+    if loss not in models.LOSSES:
+        raise LabsError(f"unknown loss '{loss}'; choose one of: {', '.join(models.LOSSES)}")
+    on_gpu = torch.cuda.is_available()
+    nproc = nproc or (torch.cuda.device_count() if on_gpu else 2)
+    defaults = models.DEFAULTS.get(preset, {})
+    resolved = ds_config_lib.resolve(raw, world_size=nproc, micro_batch=micro_batch, grad_accum=grad_accum,
+                                     steps=steps, hidden_size=dims["hidden_size"], on_gpu=on_gpu, lr=lr,
+                                     defaults=defaults)
+    spec = dict(preset=preset, config=str(config), steps=steps, seed=seed, nproc=nproc, model_path=model_path,
+                seq_len=seq_len or defaults["seq_len"], data=data_path, loss=loss, dims=dims,
+                activation_checkpointing=str(activation_checkpointing), warmup_steps=warmup_steps, engine=engine,
+                stock=stock, precision=ds_config_lib.precision(resolved), out=str(Path(out)))
+    return spec, resolved
+
+
+def run(out="runs/demo", stream=True, **kwargs) -> Run:
+    """Launch a training run (all keyword arguments of `prepare`) and wait for it. Raises LabsError for bad
+    input (nothing written) and RankFailed with the failing rank's traceback if training crashes."""
+    spec, resolved = prepare(out=out, **kwargs)
+    spec["progress"] = "bar" if sys.stdout.isatty() else "lines"
+    out = Path(out)
+    work = (out.parent / f".{out.name}.partial").resolve()
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    try:
+        env, repairs = repaired_environment(spec["nproc"], ds_config_lib.offloads(resolved)["optimizer"] == "cpu")
+        env = _with_labs_importable(env)
+        command = launcher_command(spec["nproc"], work)
+        (work / "run.json").write_text(json.dumps(spec, indent=1) + "\n")
+        (work / "ds_config.json").write_text(json.dumps(resolved, indent=1) + "\n")
+        (work / "command.txt").write_text(shlex.join(command) + "\n")
+        (work / "environment.json").write_text(json.dumps(
+            {"repairs": repairs, "torch": torch.__version__, "cuda": torch.version.cuda, "host_python": sys.version,
+             "DS_ACCELERATOR": env.get("DS_ACCELERATOR"), "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS"),
+             "TORCH_CUDA_ARCH_LIST": env.get("TORCH_CUDA_ARCH_LIST"), "NCCL_NVLS_ENABLE": env.get("NCCL_NVLS_ENABLE"),
+             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, indent=1) + "\n")
+        for repair in repairs:
+            print(f"labs: repaired {repair}", flush=True)
+        code = _stream(command, env, work / "launch.log", echo=stream)
+        if code != 0:
+            raise RankFailed(_failure_message(work, code))
+        _publish(work, out)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    return Run(out)
+
+
+def launcher_command(nproc: int, run_dir: Path) -> list[str]:
+    """torchrun, one host. (The `deepspeed` launcher would do the same here through an extra process;
+    labs.multinode writes the multi-host commands.)"""
+    return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--nnodes=1",
+            "--master_addr=127.0.0.1", f"--master_port={_free_port()}", "-m", "labs.train", str(run_dir)]
+
+
+def _stream(command, env, log_path, echo) -> int:
+    """Run the launcher, copying its output (rank 0's progress bar included) to our stdout and a log."""
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        while chunk := process.stdout.read1(4096):
+            log.write(chunk)
+            if echo:
+                sys.stdout.write(chunk.decode("utf-8", "replace"))
+                sys.stdout.flush()
+        return process.wait()
+
+
+def _failure_message(work: Path, code: int) -> str:
+    errors = sorted(work.glob("rank*.err"), key=lambda p: p.stat().st_mtime)
+    if errors:   # the earliest is the rank that failed first; the others usually died waiting for it
+        return f"{errors[0].stem.replace('rank', 'rank ')} failed (launcher exit code {code}):\n" + \
+            errors[0].read_text()
+    tail = (work / "launch.log").read_bytes()[-4000:].decode("utf-8", "replace")
+    return f"the launcher exited with code {code} before any rank reported an error; its output ended:\n{tail}"
+
+
+def _publish(work: Path, out: Path):
+    """Swap the finished folder into place; an older run at the same path goes only now."""
+    old = out.parent / f".{out.name}.old"
+    shutil.rmtree(old, ignore_errors=True)
+    if out.exists():
+        out.rename(old)
+    work.rename(out)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _hf_config(model_path):
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(model_path)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _with_labs_importable(env: dict) -> dict:
+    """Ranks import `labs` from the same place as this process does, whatever their working directory."""
+    root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    return env

@@ -1,0 +1,197 @@
+"""Model presets on the Qwen2 architecture, built at random or loaded from a local folder, plus the
+training wrapper that computes the loss (stock HF, or chunked / fused so fp32 logits never fill memory)."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from labs.errors import LabsError
+
+# Dimensions only. `tiny` keeps Qwen's real vocabulary (the real tokenizer emits ids up to 151,850), so
+# its embedding dominates: 9.7 M of its 9.9 M parameters. That is also true in spirit of the 7B models,
+# whose embeddings and head are 1.1-1.2 B parameters each.
+PRESETS: dict[str, dict] = {
+    "tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                 intermediate_size=192, vocab_size=151936, tie_word_embeddings=True,
+                 max_position_embeddings=2048),
+    # Qwen-7B (the first Qwen release) has full multi-head attention and FFN width 11008.
+    "qwen-7b": dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32,
+                    intermediate_size=11008, vocab_size=151936, tie_word_embeddings=False,
+                    max_position_embeddings=32768),
+    # Qwen2.5-7B: grouped-query attention (28 query heads share 4 key/value heads).
+    "qwen2.5-7b": dict(hidden_size=3584, num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
+                       intermediate_size=18944, vocab_size=152064, tie_word_embeddings=False,
+                       max_position_embeddings=32768),
+}
+# What a run of each preset uses when the command line and config say nothing.
+DEFAULTS = {"tiny": dict(seq_len=64, micro_batch=2, lr=5e-3), "qwen-7b": dict(seq_len=4096, micro_batch=2),
+            "qwen2.5-7b": dict(seq_len=4096, micro_batch=2)}
+
+
+def check_preset(name: str) -> str:
+    if name not in PRESETS:
+        raise LabsError(f"unknown preset '{name}'; choose one of: {', '.join(PRESETS)}")
+    return name
+
+
+def check_model_path(path) -> Path:
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        what = "does not exist" if not path.exists() else "has no config.json"
+        raise LabsError(f"--model-path '{path}' {what}; point it at a local Hugging Face model folder "
+                        "(config.json + *.safetensors); nothing is downloaded")
+    return path
+
+
+def qwen2_config(preset: str):
+    from transformers import Qwen2Config
+
+    return Qwen2Config(**PRESETS[check_preset(preset)], rms_norm_eps=1e-6, attention_dropout=0.0,
+                       use_cache=False)
+
+
+def shape(preset_or_config) -> dict:
+    """The dimensions the memory and FLOP formulas need, from a preset name or an HF config."""
+    cfg = PRESETS[check_preset(preset_or_config)] if isinstance(preset_or_config, str) else \
+        preset_or_config.to_dict()
+    return {k: cfg[k] for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                                "intermediate_size", "vocab_size", "tie_word_embeddings")}
+
+
+def param_counts(dims: dict) -> dict:
+    """Parameter counts by part, from dimensions alone (Qwen2: q/k/v have biases, RMSNorm has a weight)."""
+    h, ffn, vocab, layers = dims["hidden_size"], dims["intermediate_size"], dims["vocab_size"], \
+        dims["num_hidden_layers"]
+    kv = h // dims["num_attention_heads"] * dims["num_key_value_heads"]
+    attention = h * h + 2 * h * kv + (h + 2 * kv) + h * h     # q, k, v weights; their biases; o_proj
+    mlp = 3 * h * ffn                                          # gate, up, down
+    per_layer = attention + mlp + 2 * h                        # + two RMSNorm weights
+    embedding = vocab * h
+    head = 0 if dims["tie_word_embeddings"] else vocab * h
+    total = embedding + layers * per_layer + h + head          # + final norm
+    return dict(total=total, embedding=embedding, lm_head=head, per_layer=per_layer,
+                non_embedding=total - embedding - head)
+
+
+def flops_per_token(dims: dict, seq_len: int) -> float:
+    """Training FLOPs per token: 6 per weight that multiplies (every weight except the input embedding
+    lookup; the output projection counts even when tied) plus attention scores and values,
+    12 * layers * hidden * seq (forward and backward, no causal discount). Recomputation is not counted:
+    this is the model FLOPs of MFU, not the hardware FLOPs."""
+    counts = param_counts(dims)
+    matmul_weights = counts["non_embedding"] + dims["vocab_size"] * dims["hidden_size"]
+    return 6 * matmul_weights + 12 * dims["num_hidden_layers"] * dims["hidden_size"] * seq_len
+
+
+# ---------------------------------------------------------------------------------------------- building
+_hf_ds_config = None  # HF finds the DeepSpeed config through a live HfDeepSpeedConfig object
+
+
+def build(preset: str, ds_config: dict, device: torch.device, model_path=None, seed: int = 0):
+    """The HF Qwen2ForCausalLM for this run. Under ZeRO-3 it is created inside `deepspeed.zero.Init`
+    (through HF's integration), so each rank only ever holds its own shard: a 7B model never
+    materialises whole. Otherwise it is created directly on `device` in the training dtype."""
+    global _hf_ds_config
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    stage = ds_config.get("zero_optimization", {}).get("stage", 0)
+    dtype = torch.bfloat16 if ds_config.get("bf16", {}).get("enabled") else \
+        torch.float16 if ds_config.get("fp16", {}).get("enabled") else torch.float32
+    if stage == 3:
+        from transformers.integrations import HfDeepSpeedConfig
+
+        _hf_ds_config = HfDeepSpeedConfig(ds_config)
+        if model_path:
+            return AutoModelForCausalLM.from_pretrained(check_model_path(model_path), dtype=dtype,
+                                                        attn_implementation="sdpa")
+        return AutoModelForCausalLM.from_config(qwen2_config(preset), dtype=dtype, attn_implementation="sdpa")
+    if model_path:
+        return AutoModelForCausalLM.from_pretrained(check_model_path(model_path), dtype=dtype,
+                                                    attn_implementation="sdpa").to(device)
+    with torch.device(device):
+        return AutoModelForCausalLM.from_config(qwen2_config(preset), dtype=dtype, attn_implementation="sdpa")
+
+
+def decoder_layers(model) -> nn.ModuleList:
+    return model.model.layers
+
+
+def checkpoint_layers(model, how: str) -> int:
+    """Activation checkpointing on decoder layers: 'none', 'full' (every layer) or a number k (the first k
+    layers: selective checkpointing, spend memory on the rest to skip their recompute). Each chosen
+    layer keeps only its input and recomputes its forward during backward. Returns how many layers."""
+    layers = decoder_layers(model)
+    count = {"none": 0, "full": len(layers)}.get(how)
+    if count is None:
+        if not str(how).isdigit() or int(how) > len(layers):
+            raise LabsError(f"--activation-checkpointing '{how}': use none, full, or a number of layers "
+                            f"from 0 to {len(layers)}")
+        count = int(how)
+    for layer in list(layers)[:count]:
+        forward = layer.forward
+
+        def checkpointed(*args, _forward=forward, **kwargs):
+            # Non-reentrant: works with keyword arguments and with ZeRO-3's module hooks, which stay outside.
+            return checkpoint(_forward, *args, use_reentrant=False, **kwargs)
+
+        layer.forward = checkpointed
+    return count
+
+
+# ---------------------------------------------------------------------------------------------- the loss
+LOSSES = ("hf", "chunked", "liger")
+
+
+class CausalLM(nn.Module):
+    """Wraps the HF model so the loss is ours to choose.
+    - 'hf': the stock path, `model(input_ids, labels=...)`: the full [tokens, vocab] logits are made in the
+      compute dtype and upcast to fp32 for the loss (Qwen2.5-7B, 8k tokens: 1.25 G logits, ~7.5 GB).
+    - 'chunked': plain PyTorch; logits are made and dropped chunk by chunk, recomputed in backward.
+    - 'liger': Liger Kernel's fused linear cross-entropy (Triton, GPU): never materialises logits and
+      computes the head's gradient during forward.
+    The head weight is used outside `lm_head.forward` by the last two, so under ZeRO-3 it is registered as
+    an external parameter of this module: DeepSpeed then gathers it for our forward and reduces its grad."""
+
+    def __init__(self, hf_model, loss: str = "hf", chunk_tokens: int = 4096):
+        super().__init__()
+        if loss not in LOSSES:
+            raise LabsError(f"unknown loss '{loss}'; choose one of: {', '.join(LOSSES)}")
+        self.hf, self.loss, self.chunk_tokens = hf_model, loss, chunk_tokens
+        weight = hf_model.lm_head.weight
+        if loss != "hf" and hasattr(weight, "ds_id"):
+            import deepspeed
+
+            deepspeed.zero.register_external_parameter(self, weight)
+        if loss == "liger":
+            from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
+
+            self.liger_loss = LigerFusedLinearCrossEntropyLoss()
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.loss == "hf":
+            return self.hf(input_ids=input_ids, labels=input_ids).loss
+        hidden = self.hf.model(input_ids=input_ids).last_hidden_state[:, :-1].flatten(0, 1)
+        targets = input_ids[:, 1:].flatten()
+        weight = self.hf.lm_head.weight
+        if self.loss == "liger":
+            return self.liger_loss(weight, hidden, targets)
+        total = hidden.new_zeros((), dtype=torch.float32)
+        for start in range(0, targets.numel(), self.chunk_tokens):
+            part = slice(start, start + self.chunk_tokens)
+            total = total + checkpoint(_summed_ce, hidden[part], weight, targets[part], use_reentrant=False)
+        return total / targets.numel()
+
+
+def _summed_ce(hidden, weight, targets):
+    logits = (hidden @ weight.t()).float()
+    return nn.functional.cross_entropy(logits, targets, reduction="sum")
+
+
+def expected_initial_loss(vocab_size: int) -> float:
+    """A freshly initialised model predicts nearly uniformly: loss about ln(vocab)."""
+    return math.log(vocab_size)

@@ -1,0 +1,52 @@
+"""Bad input: one clear line naming the key or path, exit code 2, no run folder left behind."""
+import json
+
+import pytest
+
+from conftest import ROOT, run_labs
+
+
+def _bad(tmp_path, *args):
+    out = tmp_path / "run"
+    result = run_labs("train", "--out", out, "--steps", 2, *args)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("labs: error: "), result.stderr
+    assert not out.exists() and not list(tmp_path.glob(".run*")), "a run folder was left behind"
+    return lines[0]
+
+
+def test_unknown_preset(tmp_path):
+    assert "unknown preset 'giant'" in _bad(tmp_path, "--preset", "giant")
+
+
+def test_missing_config(tmp_path):
+    assert f"config '{tmp_path / 'nope.json'}' does not exist" in _bad(tmp_path, "--config", tmp_path / "nope.json")
+
+
+def test_invalid_json(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"zero_optimization": {"stage": 3},}')
+    assert "is not valid JSON: line 1" in _bad(tmp_path, "--config", bad)
+
+
+def test_batch_size_disagreement(tmp_path):
+    cfg = json.loads((ROOT / "ds_configs/zero3.json").read_text())
+    cfg.update(train_batch_size=7, train_micro_batch_size_per_gpu=2)
+    path = tmp_path / "cfg.json"
+    path.write_text(json.dumps(cfg))
+    assert "'train_batch_size' is 7 but micro-batch 2" in _bad(tmp_path, "--config", path)
+
+
+def test_missing_model_path(tmp_path):
+    assert f"--model-path '{tmp_path / 'weights'}' does not exist" in _bad(tmp_path, "--model-path",
+                                                                            tmp_path / "weights")
+
+
+def test_unknown_flag(tmp_path):
+    assert "unrecognized arguments: --stpes" in _bad(tmp_path, "--stpes", "3")
+
+
+def test_env_report_runs():
+    result = run_labs("env")
+    assert result.returncode == 0 and "deepspeed 0.19.8" in result.stdout
