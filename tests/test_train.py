@@ -22,3 +22,36 @@ def test_loss_falls_and_summary_is_complete(zero3_run):
         assert (out / name).is_file(), name
     assert not list(out.parent.glob(".zero3*")), "the working folder was not published"
     assert "done: 30 steps" in result.stdout
+
+
+def test_model_path_loads_local_weights_under_zero3(tmp_path):
+    """--model-path: a saved model trains from its weights (first loss is that model's loss, not a fresh one's)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from conftest import ROOT, run_labs
+    from labs import models
+
+    torch.manual_seed(123)
+    model = AutoModelForCausalLM.from_config(models.qwen2_config("tiny"))
+    with torch.no_grad():
+        model.model.norm.weight.mul_(0)       # a model whose logits are all zero: loss exactly ln(vocab) at first
+    model.save_pretrained(tmp_path / "weights")
+    result = run_labs("train", "--config", ROOT / "ds_configs/zero3.json", "--steps", 2, "--lr", 1e-9,
+                      "--out", tmp_path / "run", "--model-path", tmp_path / "weights", "--quiet")
+    assert result.returncode == 0, result.stderr[-3000:]
+    first = json.loads((tmp_path / "run/metrics.jsonl").read_text().splitlines()[0])
+    assert abs(first["loss"] - models.expected_initial_loss(151936)) < 1e-3
+
+
+def test_rank_failure_raises_with_the_rank_traceback(tmp_path):
+    from conftest import ROOT, run_labs
+
+    cfg = json.loads((ROOT / "ds_configs/zero3.json").read_text())
+    cfg["optimizer"]["type"] = "NoSuchOptimizer"       # passes labs' checks, fails inside DeepSpeed on each rank
+    (tmp_path / "cfg.json").write_text(json.dumps(cfg))
+    result = run_labs("train", "--config", tmp_path / "cfg.json", "--steps", 2, "--out", tmp_path / "run", "--quiet")
+    assert result.returncode == 1
+    assert "rank 0 failed" in result.stderr or "rank 1 failed" in result.stderr
+    assert "Traceback" in result.stderr and "NoSuchOptimizer" in result.stderr
+    assert not (tmp_path / "run").exists() and not list(tmp_path.glob(".run*"))
