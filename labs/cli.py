@@ -28,6 +28,7 @@ def _train_args(sub):
     p.add_argument("--lr", type=float)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--loss", default="hf", help="hf (stock) | chunked | liger (GPU)")
+    p.add_argument("--kernels", default="stock", help="stock | liger (Triton RMSNorm/SwiGLU/RoPE, GPU)")
     p.add_argument("--activation-checkpointing", default="none", help="none | full | number of layers")
     p.add_argument("--engine", default="deepspeed", help="deepspeed | fsdp2")
     p.add_argument("--quiet", action="store_true", help="do not stream the ranks' output")
@@ -37,6 +38,14 @@ def main(argv=None) -> int:
     parser = _Parser(prog="labs", description="zero-course labs: train Qwen-architecture models with DeepSpeed")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _train_args(sub)
+    p = sub.add_parser("bench", help="stock reference vs labs fast path, same GPUs, one invocation")
+    p.add_argument("--preset", default="qwen2.5-7b")
+    p.add_argument("--cases", default="stock-zero3,labs-zero3", help="comma-separated names from labs.bench.CASES")
+    p.add_argument("--steps", type=int, default=8, help="steps per case; the first 2 are warm-up")
+    p.add_argument("--seq-len", type=int)
+    p.add_argument("--micro-batch", type=int)
+    p.add_argument("--out", help="JSON result file (written after every case)")
+    p.add_argument("--quiet", action="store_true")
     p = sub.add_parser("env", help="environment report with fixes")
     p.add_argument("--json", action="store_true")
     try:
@@ -59,6 +68,13 @@ def _dispatch(args) -> int:
         s = run.summary
         print(f"done: {s['steps']} steps, loss {s['first_loss']:.3f} -> {s['final_loss']:.3f} (mean of last 5), "
               f"{s['tokens_per_s_per_gpu']:,.0f} tokens/s per rank, run folder {run.path}")
+        return 0
+    if args.command == "bench":
+        from labs import bench
+
+        result = bench.run_cases(args.cases.split(","), preset=args.preset, steps=args.steps, seq_len=args.seq_len,
+                                 micro_batch=args.micro_batch, out=args.out, stream=not args.quiet)
+        print(bench.format_table(result))
         return 0
     if args.command == "env":
         from labs import env

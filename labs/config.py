@@ -86,7 +86,7 @@ def resolve(config: dict, *, world_size: int, micro_batch: int | None, grad_accu
         peak_lr = lr if lr is not None else defaults["lr"]
     scheduler = config.get("scheduler")
     if scheduler:
-        warmup = max(1, steps // 10)
+        warmup = max(2, steps // 10)   # DeepSpeed's log warm-up divides by log(warmup): never 1
         for key, value in {"warmup_num_steps": warmup, "total_num_steps": steps, "warmup_max_lr": peak_lr,
                            "warmup_min_lr": 0.0, "cos_min_ratio": 0.1, "warmup_min_ratio": 0.0}.items():
             if scheduler.setdefault("params", {}).get(key) == "auto":

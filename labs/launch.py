@@ -33,6 +33,9 @@ class Run:
     """A finished run folder: its inputs, per-step metrics and summary."""
     path: Path
 
+    def __post_init__(self):
+        self.path = Path(self.path)
+
     @property
     def metrics(self) -> list[dict]:
         return metrics.read_jsonl(self.path / "metrics.jsonl")
@@ -56,7 +59,7 @@ class Run:
 
 def prepare(preset="tiny", config="ds_configs/zero3.json", steps=30, out="runs/demo", nproc=None, model_path=None,
             seed=0, micro_batch=None, grad_accum=None, seq_len=None, lr=None, data_path=None, loss="hf",
-            activation_checkpointing="none", warmup_steps=2, engine="deepspeed", stock=False):
+            activation_checkpointing="none", warmup_steps=2, engine="deepspeed", stock=False, kernels="stock"):
     """Check every input before anything is written; return (spec, resolved DeepSpeed config)."""
     models.check_preset(preset)
     if engine not in ("deepspeed", "fsdp2"):
@@ -73,6 +76,8 @@ def prepare(preset="tiny", config="ds_configs/zero3.json", steps=30, out="runs/d
         data.check_path(data_path)
     if loss not in models.LOSSES:
         raise LabsError(f"unknown loss '{loss}'; choose one of: {', '.join(models.LOSSES)}")
+    if kernels not in models.KERNELS:
+        raise LabsError(f"unknown kernels '{kernels}'; choose one of: {', '.join(models.KERNELS)}")
     on_gpu = torch.cuda.is_available()
     nproc = nproc or (torch.cuda.device_count() if on_gpu else 2)
     defaults = models.DEFAULTS.get(preset, {})
@@ -82,7 +87,7 @@ def prepare(preset="tiny", config="ds_configs/zero3.json", steps=30, out="runs/d
     spec = dict(preset=preset, config=str(config), steps=steps, seed=seed, nproc=nproc, model_path=model_path,
                 seq_len=seq_len or defaults["seq_len"], data=data_path, loss=loss, dims=dims,
                 activation_checkpointing=str(activation_checkpointing), warmup_steps=warmup_steps, engine=engine,
-                stock=stock, precision=ds_config_lib.precision(resolved), out=str(Path(out)))
+                stock=stock, kernels=kernels, precision=ds_config_lib.precision(resolved), out=str(Path(out)))
     return spec, resolved
 
 

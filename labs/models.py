@@ -91,6 +91,22 @@ def flops_per_token(dims: dict, seq_len: int) -> float:
 _hf_ds_config = None  # HF finds the DeepSpeed config through a live HfDeepSpeedConfig object
 
 
+KERNELS = ("stock", "liger")
+
+
+def use_kernels(kernels: str):
+    """'liger': swap HF Qwen2's RMSNorm, SwiGLU MLP and rotary embedding for Liger Kernel's Triton versions
+    (patched into the modeling module, so call before building). Fewer kernel launches, and the fused
+    RMSNorm / SwiGLU save fewer activations for backward."""
+    if kernels not in KERNELS:
+        raise LabsError(f"unknown kernels '{kernels}'; choose one of: {', '.join(KERNELS)}")
+    if kernels == "liger":
+        from liger_kernel.transformers import apply_liger_kernel_to_qwen2
+
+        apply_liger_kernel_to_qwen2(rope=True, rms_norm=True, swiglu=True, cross_entropy=False,
+                                    fused_linear_cross_entropy=False)
+
+
 def build(preset: str, ds_config: dict, device: torch.device, model_path=None, seed: int = 0):
     """The HF Qwen2ForCausalLM for this run. Under ZeRO-3 it is created inside `deepspeed.zero.Init`
     (through HF's integration), so each rank only ever holds its own shard: a 7B model never

@@ -30,6 +30,7 @@ def main(run_dir: Path):
         torch.cuda.set_device(local_rank)
     device = torch.device("cuda", local_rank) if on_gpu else torch.device("cpu")
 
+    models.use_kernels(spec["kernels"])
     if spec["engine"] == "fsdp2":
         from labs import fsdp
 
@@ -37,6 +38,9 @@ def main(run_dir: Path):
     else:
         engine = _deepspeed_engine(spec, ds_config, device, on_gpu)
 
+    # Model states (+ DeepSpeed's persistent buffers) before any activation exists: what labs.memory predicts
+    # as the static part of the peak.
+    allocated_after_init = torch.cuda.memory_allocated() if on_gpu else None
     micro_batch = ds_config["train_micro_batch_size_per_gpu"]
     accumulation = ds_config["gradient_accumulation_steps"]
     rows = data.pack(data.corpus_tokens(spec["data"]), spec["seq_len"])
@@ -74,11 +78,12 @@ def main(run_dir: Path):
             progress.update(record)
     progress.close()
 
-    state_bytes = _gather_objects(_state_bytes(engine, spec), world_size)
+    per_rank = _gather_objects(dict(state_bytes=_state_bytes(engine, spec), allocated_after_init=allocated_after_init,
+                                    peak_reserved=torch.cuda.max_memory_reserved() if on_gpu else None), world_size)
     if rank == 0:
         writer.close()
         summary = _summary(spec, ds_config, step_times, losses, run_dir, tokens_per_step, flops_per_step,
-                           world_size, peak, state_bytes, dims)
+                           world_size, peak, per_rank, dims)
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     dist.barrier()
     dist.destroy_process_group()   # without it a rank can abort at exit ("terminate called ...")
@@ -119,6 +124,8 @@ def _step_record(step, seconds, everyone, engine, tokens_per_step, flops_per_ste
 
 def _state_bytes(engine, spec) -> dict | None:
     """Bytes of parameters, gradients and optimizer states this rank holds (see labs.probe)."""
+    if spec["engine"] != "deepspeed":
+        return None
     try:
         from labs import probe
     except ImportError:
@@ -133,7 +140,7 @@ def _gather_objects(obj, world_size):
 
 
 def _summary(spec, ds_config, step_times, losses, run_dir, tokens_per_step, flops_per_step, world_size, peak,
-             state_bytes, dims):
+             per_rank, dims):
     records = metrics.read_jsonl(run_dir / "metrics.jsonl")
     warmup = spec["warmup_steps"]
     seconds = metrics.median_after_warmup(step_times, warmup)
@@ -144,14 +151,16 @@ def _summary(spec, ds_config, step_times, losses, run_dir, tokens_per_step, flop
         precision=spec["precision"], world_size=world_size, device=metrics.device_name(), steps=len(losses),
         micro_batch=ds_config["train_micro_batch_size_per_gpu"],
         gradient_accumulation=ds_config["gradient_accumulation_steps"], seq_len=spec["seq_len"],
-        tokens_per_step=tokens_per_step, loss=spec["loss"], activation_checkpointing=spec["activation_checkpointing"],
+        tokens_per_step=tokens_per_step, loss=spec["loss"], kernels=spec["kernels"], activation_checkpointing=spec["activation_checkpointing"],
         first_loss=losses[0], final_loss=sum(losses[-5:]) / len(losses[-5:]),
         median_step_time_s=seconds, tokens_per_s=tokens_per_step / seconds,
         tokens_per_s_per_gpu=tokens_per_step / seconds / world_size, tflops_per_gpu=tflops,
         mfu=tflops * 1e12 / peak if peak else None, peak_flops=peak,
         flops_per_token=flops_per_step / tokens_per_step, timing=f"median of steps {warmup + 1}-{len(losses)}",
         peak_memory_bytes=[max(r["peak_memory_bytes"][i] for r in records) for i in range(world_size)],
-        memory_kind=records[-1]["memory_kind"], state_bytes=state_bytes,
+        memory_kind=records[-1]["memory_kind"], state_bytes=[r["state_bytes"] for r in per_rank],
+        allocated_after_init_bytes=[r["allocated_after_init"] for r in per_rank],
+        peak_reserved_bytes=[r["peak_reserved"] for r in per_rank],
         versions=_versions(),
     )
 
