@@ -43,7 +43,8 @@ def precision(config: dict) -> str:
 
 
 def resolve(config: dict, *, world_size: int, micro_batch: int | None, grad_accum: int | None, steps: int,
-            hidden_size: int, on_gpu: bool, lr: float | None = None, defaults: dict | None = None) -> dict:
+            hidden_size: int, on_gpu: bool, lr: float | None = None, defaults: dict | None = None,
+            layer_granularity: int | None = None) -> dict:
     """A copy of `config` with every "auto" replaced, batch sizes made consistent, and the adjustments a
     CPU run needs. `micro_batch`/`grad_accum`/`lr` come from the command line (None: not given); `defaults`
     holds the preset's values used when neither the command line nor the file sets one."""
@@ -95,8 +96,10 @@ def resolve(config: dict, *, world_size: int, micro_batch: int | None, grad_accu
     # The HF integration's rules: buckets scale with hidden^2; small params stay whole on every rank.
     for key, value in {"reduce_bucket_size": hidden_size * hidden_size,
                        "stage3_prefetch_bucket_size": int(0.9 * hidden_size * hidden_size),
-                       "stage3_param_persistence_threshold": 10 * hidden_size}.items():
-        if zero.get(key) == "auto":
+                       "stage3_param_persistence_threshold": 10 * hidden_size,
+                       # labs' own rule: fetch each decoder layer as one unit (labs.models.decoder_layer_granularity)
+                       "stage3_module_granularity_threshold": layer_granularity}.items():
+        if zero.get(key) == "auto" and value is not None:
             zero[key] = value
     for section in ("bf16", "fp16"):
         if config.get(section, {}).get("enabled") == "auto":

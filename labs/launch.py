@@ -83,7 +83,7 @@ def prepare(preset="tiny", config="ds_configs/zero3.json", steps=30, out="runs/d
     defaults = models.DEFAULTS.get(preset, {})
     resolved = ds_config_lib.resolve(raw, world_size=nproc, micro_batch=micro_batch, grad_accum=grad_accum,
                                      steps=steps, hidden_size=dims["hidden_size"], on_gpu=on_gpu, lr=lr,
-                                     defaults=defaults)
+                                     defaults=defaults, layer_granularity=models.decoder_layer_granularity(dims))
     spec = dict(preset=preset, config=str(config), steps=steps, seed=seed, nproc=nproc, model_path=model_path,
                 seq_len=seq_len or defaults["seq_len"], data=data_path, loss=loss, dims=dims,
                 activation_checkpointing=str(activation_checkpointing), warmup_steps=warmup_steps, engine=engine,

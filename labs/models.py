@@ -77,6 +77,13 @@ def param_counts(dims: dict) -> dict:
                 non_embedding=total - embedding - head)
 
 
+def decoder_layer_granularity(dims: dict) -> int:
+    """DeepSpeed's 'granularity' of one Qwen2 decoder layer: its parameters over the modules it counts (the layer,
+    attention with q/k/v/o, MLP with gate/up/down, two norms: 12). A `stage3_module_granularity_threshold` equal to
+    it makes ZeRO-3 fetch each decoder layer as one unit (one hook pair per layer instead of twelve)."""
+    return param_counts(dims)["per_layer"] // 12
+
+
 def flops_per_token(dims: dict, seq_len: int) -> float:
     """Training FLOPs per token: 6 per weight that multiplies (every weight except the input embedding
     lookup; the output projection counts even when tied) plus attention scores and values,
