@@ -13,7 +13,6 @@ import json
 import os
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -127,8 +126,9 @@ def run(out="runs/demo", stream=True, **kwargs) -> Run:
 def launcher_command(nproc: int, run_dir: Path) -> list[str]:
     """torchrun, one host. (The `deepspeed` launcher would do the same here through an extra process;
     labs.multinode writes the multi-host commands.)"""
-    return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--nnodes=1",
-            "--master_addr=127.0.0.1", f"--master_port={_free_port()}", "-m", "labs.train", str(run_dir)]
+    # --standalone: torchrun's own rendezvous on a port it holds open, so concurrent launches never collide.
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+            "-m", "labs.train", str(run_dir)]
 
 
 def _stream(command, env, log_path, echo) -> int:
@@ -166,12 +166,6 @@ def _hf_config(model_path):
     from transformers import AutoConfig
 
     return AutoConfig.from_pretrained(model_path)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _with_labs_importable(env: dict) -> dict:

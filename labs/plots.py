@@ -14,3 +14,37 @@ def loss_curves(runs: dict, ax=None, title="training loss"):
     ax.grid(alpha=0.3)
     ax.legend()
     return ax
+
+
+def throughput_bars(rows: list[dict], labels: list[str], ax=None, title="tokens/s per GPU"):
+    """Bars of tokens/s per GPU with the MFU written on each bar."""
+    ax = ax or plt.subplots(figsize=(7, 3.5))[1]
+    values = [r["tokens_per_s_per_gpu"] for r in rows]
+    bars = ax.barh(labels, values, color=["#888" if "stock" in label else "#2a7" for label in labels])
+    for bar, row in zip(bars, rows):
+        ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {row['mfu']:.1%} MFU", va="center", fontsize=8)
+    ax.invert_yaxis()
+    ax.set(xlabel="tokens/s per GPU", title=title, xlim=(0, max(values) * 1.25))
+    ax.grid(axis="x", alpha=0.3)
+    return ax
+
+
+def time_breakdown(rows: list[dict], labels: list[str], ax=None, title="where a step's time goes (per 8k tokens)"):
+    """Stacked bars from DeepSpeed's wall_clock_breakdown timers, scaled to the same tokens per GPU, so runs with
+    different micro-batches compare: forward, backward, optimizer step, and the rest (data, logging, sync)."""
+    ax = ax or plt.subplots(figsize=(7, 3.2))[1]
+    per = 8192
+    left = [0.0] * len(rows)
+    for key, color in (("fwd_ms", "#4a90d9"), ("bwd_ms", "#e8a33d"), ("step_ms", "#c2452d"), ("other_ms", "#bbb")):
+        widths = []
+        for row in rows:
+            scale = per / (row["tokens_per_step"] / row["gpus"])
+            timed = sum(row[k] or 0 for k in ("fwd_ms", "bwd_ms", "step_ms"))
+            value = max(0.0, row["step_s"] * 1000 - timed) if key == "other_ms" else (row[key] or 0)
+            widths.append(value * scale)
+        ax.barh(labels, widths, left=left, color=color, label=key[:-3])
+        left = [a + b for a, b in zip(left, widths)]
+    ax.invert_yaxis()
+    ax.set(xlabel="milliseconds per 8,192 tokens per GPU", title=title)
+    ax.legend(ncols=4, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.22), frameon=False)
+    return ax

@@ -1,0 +1,68 @@
+"""Read the committed GPU results (results/gpu/*.json, written by `labs bench`) into rows the chapters show.
+Each file records the machine, versions, command, date, every case's resolved config, per-step metrics and
+summary, so every figure shown can be traced to the run that measured it."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from labs import RESULTS
+
+
+def load_all(folder: Path = RESULTS / "gpu") -> dict[str, dict]:
+    """{file stem: bench result}, oldest first (the files are named by date and run letter)."""
+    return {path.stem: json.loads(path.read_text()) for path in sorted(Path(folder).glob("*.json"))}
+
+
+def rows(results: dict[str, dict], valid_only: bool = True) -> list[dict]:
+    """One flat row per measured case: run, case, throughput, MFU, memory, timers."""
+    table = []
+    for run, result in results.items():
+        for case, entry in result["cases"].items():
+            if entry.get("status") != "ok" or (valid_only and entry.get("valid") is False):
+                continue
+            s = entry["summary"]
+            timers = entry.get("timers_ms") or {}
+            table.append(dict(
+                run=run, case=case, gpus=s["world_size"], engine=s["engine"], stage=s["zero_stage"],
+                precision=s["precision"], micro_batch=s["micro_batch"], grad_accum=s["gradient_accumulation"],
+                tokens_per_step=s["tokens_per_step"], loss=s["loss"], kernels=s.get("kernels", "stock"),
+                checkpointing=s["activation_checkpointing"], tokens_per_s_per_gpu=s["tokens_per_s_per_gpu"],
+                tflops_per_gpu=s["tflops_per_gpu"], mfu=s["mfu"], peak_gib=max(s["peak_memory_bytes"]) / 2**30,
+                after_init_gib=max(s["allocated_after_init_bytes"]) / 2**30, step_s=s["median_step_time_s"],
+                fwd_ms=timers.get("fwd"), bwd_ms=timers.get("bwd"), step_ms=timers.get("step"),
+                losses=[m["loss"] for m in entry["metrics"]], ds_config=entry.get("ds_config"),
+                date=result["date"], gpu=result["host"]["gpus"][0]))
+    return table
+
+
+def find(table: list[dict], run_suffix: str, case: str) -> dict:
+    """The row of `case` in the run whose name ends with `run_suffix` (e.g. 'a_zero3_2xh200')."""
+    matches = [r for r in table if r["run"].endswith(run_suffix) and r["case"] == case]
+    if len(matches) != 1:
+        raise KeyError(f"{case} in *{run_suffix}: {len(matches)} matches")
+    return matches[0]
+
+
+def provenance(results: dict[str, dict]) -> list[str]:
+    lines = []
+    for run, r in results.items():
+        h = r["host"]
+        lines.append(f"{run}: {r['date'][:16]}, {len(h['gpus'])} x {h['gpus'][0]} (driver {h['driver']}), "
+                     f"torch {h['torch']}, deepspeed {h['deepspeed']}, transformers {h['transformers']}, "
+                     f"liger-kernel {h['liger-kernel']}; `{r['command'].replace('__main__.py', 'labs')}`")
+    return lines
+
+
+def format_rows(table: list[dict], columns: list[str]) -> str:
+    """A plain-text table (what nbval can pin) of the chosen columns."""
+    def cell(column, value):
+        if column == "mfu":
+            return f"{value:.1%}"
+        if isinstance(value, float):
+            return f"{value:,.1f}" if value < 1000 else f"{value:,.0f}"
+        return str(value)
+    cells = [columns] + [[cell(c, row[c]) for c in columns] for row in table]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
+    return "\n".join("  ".join(v.rjust(w) if i else v.ljust(w) for i, (v, w) in enumerate(zip(r, widths)))
+                     for r in cells)

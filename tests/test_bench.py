@@ -1,0 +1,62 @@
+"""labs bench on CPU (tiny preset), and checks of the committed GPU results."""
+import json
+
+import pytest
+
+from conftest import run_labs
+from labs import results
+
+
+def test_bench_runs_stock_and_labs_in_one_invocation(tmp_path):
+    out = tmp_path / "bench.json"
+    result = run_labs("bench", "--preset", "tiny", "--cases", "stock-zero3,labs-zero3", "--steps", 3, "--out", out,
+                      "--quiet")
+    assert result.returncode == 0, result.stderr[-3000:]
+    bench = json.loads(out.read_text())
+    for key in ("date", "command", "host", "mfu_formula", "timing"):
+        assert bench[key], key
+    assert {"torch", "deepspeed", "transformers", "python"} <= set(bench["host"])
+    for case in ("stock-zero3", "labs-zero3"):
+        entry = bench["cases"][case]
+        assert entry["status"] == "ok" and entry["ds_config"]["zero_optimization"]["stage"] == 3
+        assert entry["timers_ms"]["fwd"] > 0          # DeepSpeed's wall_clock_breakdown reached the result
+    assert bench["cases"]["stock-zero3"]["summary"]["activation_checkpointing"] == "full"
+    assert bench["cases"]["labs-zero3"]["summary"]["loss"] == "chunked"     # no Triton here: labs' chunked loss
+    assert "labs-zero3 / stock-zero3" in bench["ratios"]
+    assert "ratio labs-zero3 / stock-zero3" in result.stdout
+
+
+def test_unknown_case_is_one_clear_error(tmp_path):
+    result = run_labs("bench", "--preset", "tiny", "--cases", "warp-drive", "--out", tmp_path / "x.json")
+    assert result.returncode == 2 and "unknown bench case 'warp-drive'" in result.stderr
+    assert not (tmp_path / "x.json").exists()
+
+
+RECORDED = results.load_all()
+
+
+@pytest.mark.parametrize("run", sorted(RECORDED))
+def test_recorded_results_have_provenance(run):
+    bench = RECORDED[run]
+    assert bench["host"]["gpus"] and bench["host"]["driver"] and bench["host"]["deepspeed"]
+    assert bench["date"].startswith("2026-") and "bench" in bench["command"]
+    for entry in bench["cases"].values():
+        if entry["status"] == "ok":
+            assert entry["ds_config"] and len(entry["metrics"]) == entry["summary"]["steps"]
+
+
+def test_valid_zero3_runs_compute_the_same_losses_as_stock():
+    """Every labs ZeRO-3 case marked valid trains the same model on the same tokens as stock, so its per-step
+    loss must match stock's to bf16 noise; the cases marked invalid are exactly those that did not."""
+    table = results.rows(RECORDED, valid_only=False)
+    checked = 0
+    for row in table:
+        stock = [r for r in table if r["run"] == row["run"] and r["case"] == "stock-zero3"]
+        if not stock or row["engine"] != "deepspeed" or row["stage"] != 3 or row["precision"] != "bf16" \
+                or row["tokens_per_step"] != stock[0]["tokens_per_step"] or row["case"] == "stock-zero3":
+            continue
+        gap = max(abs(a - b) for a, b in zip(row["losses"], stock[0]["losses"]))
+        valid = RECORDED[row["run"]]["cases"][row["case"]]["valid"]
+        assert (gap < 0.01) == valid, (row["run"], row["case"], gap)
+        checked += 1
+    assert checked >= 6
