@@ -12,6 +12,7 @@ STEPS ?= $(if $(filter 1,$(GPU)),20,30)
 NPROC ?=
 OUT ?= runs/train
 LOSS ?= $(if $(filter 1,$(GPU)),liger,hf)
+KERNELS ?= $(if $(filter 1,$(GPU)),liger,stock)
 CHECKPOINTING ?= $(if $(filter 1,$(GPU)),full,none)
 
 .PHONY: train test unit notebooks book lab clean
@@ -26,7 +27,7 @@ $(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
 
 train: $(STAMP)
 	$(VENV)/bin/labs train --preset $(PRESET) --config $(CONFIG) --steps $(STEPS) --out $(OUT) \
-	  --loss $(LOSS) --activation-checkpointing $(CHECKPOINTING) $(if $(NPROC),--nproc $(NPROC))
+	  --loss $(LOSS) --kernels $(KERNELS) --activation-checkpointing $(CHECKPOINTING) $(if $(NPROC),--nproc $(NPROC))
 
 test: $(STAMP) unit notebooks book
 
