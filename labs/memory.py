@@ -41,6 +41,9 @@ DS_DEFAULTS = dict(reduce_bucket_size=5e8, allgather_bucket_size=5e8, overlap_co
                    stage3_prefetch_bucket_size=5e7, stage3_param_persistence_threshold=1e5,
                    stage3_max_live_parameters=1e9, stage3_max_reuse_distance=1e9, sub_group_size=1e9)
 # Memory as nvidia-smi reports it (MiB); the H200 figure was read on this project's machines.
+# Where the parameter layout lives now (labs.layout); the old names keep working.
+param_layout, largest_layer_params = zero_layout.param_layout, zero_layout.largest_layer_params
+zero12_grad_elements, zero3_partition = zero_layout.zero12_grad_elements, zero_layout.zero3_partition
 GPUS = {"H200": 143771 * 2 ** 20, "H100": 81559 * 2 ** 20, "A100-80GB": 81920 * 2 ** 20,
         "A100-40GB": 40960 * 2 ** 20, "RTX4090": 24564 * 2 ** 20, "RTX3090": 24576 * 2 ** 20, "V100-32GB": 32768 * 2 ** 20}
 

@@ -183,7 +183,11 @@ def test_cli_json():
     (("--preset", "tiny", "--gpu-memory", "80XB"), "memory size '80XB'"),
     (("--preset", "tiny", "--offload-optimizer", "disk"), "offload_optimizer 'disk'"),
 ])
-def test_cli_bad_input_is_one_line_exit_2(args, message):
-    result = run_labs("memory", *args)
-    lines = result.stderr.strip().splitlines()
-    assert result.returncode == 2 and len(lines) == 1 and message in lines[0], result.stderr
+def test_cli_bad_input_is_one_line_exit_2(args, message, capsys):
+    from labs import cli
+
+    code = cli.main(["memory", *args])        # what the `labs` entry point runs (in-process: no torch start-up)
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("labs: error: ") and message in lines[0], captured.err
+    assert captured.out == ""

@@ -17,6 +17,20 @@ def test_ledger_counts_each_storage_once():
     assert ledger.by_device() == {"params": {"cpu": 2000}, "grads": {}, "optimizer": {}, "other": {}}
 
 
+def test_a_plain_torch_model_and_optimizer_are_walked_too():
+    """Engines without DeepSpeed's wrapper (e.g. FSDP2) still get params, grads and Adam states counted."""
+    class Engine:
+        module = torch.nn.Linear(4, 4)
+
+    engine = Engine()
+    engine.optimizer = torch.optim.AdamW(engine.module.parameters())
+    engine.module(torch.ones(2, 4)).sum().backward()
+    engine.optimizer.step()
+    state = probe.engine_state_bytes(engine)
+    assert (state["params_bytes"], state["grads_bytes"]) == (80, 80) and state["zero_stage"] is None
+    assert state["optimizer_bytes"] == 2 * 80 + 2 * 4          # exp_avg, exp_avg_sq and two step counters
+
+
 def test_buffer_names_say_what_they_hold():
     names = {"averaged_gradients": "grads", "grad_partitions_flat_buffer": "grads", "ipg_buckets": "grads",
              "single_partition_of_fp32_groups": "optimizer", "fp32_partitioned_groups_flat": "optimizer",
