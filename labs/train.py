@@ -57,9 +57,11 @@ def main(run_dir: Path):
         _sync(on_gpu)
         start = time.perf_counter()
         loss_sum = torch.zeros((), device=device)
-        for _ in range(accumulation):
+        for micro_step in range(accumulation):
             loss = engine(next(batches).to(device))
             engine.backward(loss)
+            if step == spec["steps"] and micro_step == accumulation - 1:
+                state_bytes = _state_bytes(engine, spec)   # gradients and optimizer states both live (labs.probe)
             engine.step()
             loss_sum += loss.detach().float()
         _sync(on_gpu)
@@ -78,7 +80,7 @@ def main(run_dir: Path):
             progress.update(record)
     progress.close()
 
-    per_rank = _gather_objects(dict(state_bytes=_state_bytes(engine, spec), allocated_after_init=allocated_after_init,
+    per_rank = _gather_objects(dict(state_bytes=state_bytes, allocated_after_init=allocated_after_init,
                                     peak_reserved=torch.cuda.max_memory_reserved() if on_gpu else None), world_size)
     if rank == 0:
         writer.close()
