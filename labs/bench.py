@@ -146,16 +146,13 @@ def _mean_timers(records, warmup):
     return {k: statistics.mean(t[k] for t in kept) for k in kept[0]}
 
 
-def _predicted(run):
-    """labs.memory's predicted peak for this run's configuration (None until that model covers it)."""
-    try:
-        from labs import memory
-    except ImportError:
-        return None
-    try:
-        return memory.predict_run(run)
-    except (AttributeError, NotImplementedError, LabsError):
-        return None
+def _predicted(run) -> dict:
+    """labs.memory's prediction for this run's configuration: the peak and what it is made of."""
+    from labs import memory
+
+    est = memory.from_run(run)
+    return dict(total_per_gpu_bytes=est.total_per_gpu_bytes, peak_phase=est.peak_phase,
+                model_states_per_gpu_bytes=est.model_states_per_gpu_bytes, phases=est.phases)
 
 
 def _last_error_line(message: str) -> str:

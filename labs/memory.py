@@ -344,6 +344,6 @@ def from_run(run, **overrides) -> MemoryEstimate:
     spec = run.spec
     kwargs = dict(dims=spec["dims"], gpus_per_node=spec["nproc"], seq_len=spec["seq_len"], loss=spec["loss"],
                   activation_checkpointing=spec["activation_checkpointing"], ds_config=run.ds_config,
-                  engine=spec["engine"])
+                  engine=spec["engine"], kernels=spec.get("kernels", "stock"))
     kwargs.update(overrides)
     return estimate(**kwargs)

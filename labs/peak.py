@@ -127,10 +127,14 @@ def fsdp2(params, layout, dims, stage, world, d, mixed, state_bytes, offload_opt
     saved = acts["saved"] + acts["final_norm"]
     recompute = _recompute(acts)
     base = dict(params=params_gpu, optimizer=optimizer_gpu)
+    # FSDP2 allocates each layer's sharded fp32 gradient when that layer's backward reduce-scatters it (and
+    # zero_grad(set_to_none) frees them all after the step), unlike DeepSpeed's gradient buffers that exist for
+    # the whole step. So early in backward almost no gradient exists yet and nearly all activations still do.
+    layer_grad_shard = 4 * acts["layer_params"] / world
     phases = {
         "loss_backward": dict(base, grads=0, activations=saved + acts["loss"], buffers=root),
-        "layer_backward": dict(base, grads=4 * shard, activations=acts["saved"] + recompute + acts["temporaries"],
-                               buffers=root + layer + 4 * acts["layer_params"]),   # + the layer's unsharded fp32 grad
+        "layer_backward": dict(base, grads=layer_grad_shard, activations=acts["saved"] + recompute + acts["temporaries"],
+                               buffers=root + layer + (d + 4) * acts["layer_params"]),  # + its unsharded grad, bf16 and fp32
         "optimizer_step": dict(base, grads=4 * shard, activations=0, buffers=0),
     }
     resident = [dict(rank=r, params_bytes=int(params_gpu), grads_bytes=int(4 * shard),

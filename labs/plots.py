@@ -48,3 +48,19 @@ def time_breakdown(rows: list[dict], labels: list[str], ax=None, title="where a 
     ax.set(xlabel="milliseconds per 8,192 tokens per GPU", title=title)
     ax.legend(ncols=4, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.22), frameon=False)
     return ax
+
+
+def predicted_vs_measured(measured: list[float], predicted: list[float], labels: list[str], ax=None,
+                          title="peak GPU memory: labs.memory versus measured"):
+    """Scatter of predicted against measured peak (GiB), the diagonal, and a +-10% band."""
+    ax = ax or plt.subplots(figsize=(5, 5))[1]
+    top = max(measured + predicted) * 1.1
+    ax.fill_between([0, top], [0, top * 0.9], [0, top * 1.1], color="#2a7", alpha=0.12, label="within 10%")
+    ax.plot([0, top], [0, top], color="#888", lw=1)
+    ax.scatter(measured, predicted, color="#2a7", zorder=3)
+    for x, y, label in zip(measured, predicted, labels):
+        ax.annotate(label, (x, y), fontsize=7, xytext=(3, -8), textcoords="offset points")
+    ax.set(xlabel="measured max_memory_allocated (GiB)", ylabel="predicted (GiB)", title=title, xlim=(0, top),
+           ylim=(0, top))
+    ax.legend(loc="upper left")
+    return ax

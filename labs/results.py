@@ -24,7 +24,7 @@ def rows(results: dict[str, dict], valid_only: bool = True) -> list[dict]:
             s = entry["summary"]
             timers = entry.get("timers_ms") or {}
             table.append(dict(
-                run=run, case=case, gpus=s["world_size"], engine=s["engine"], stage=s["zero_stage"],
+                run=run, case=case, preset=s["preset"], seq_len=s["seq_len"], gpus=s["world_size"], engine=s["engine"], stage=s["zero_stage"],
                 precision=s["precision"], micro_batch=s["micro_batch"], grad_accum=s["gradient_accumulation"],
                 tokens_per_step=s["tokens_per_step"], loss=s["loss"], kernels=s.get("kernels", "stock"),
                 checkpointing=s["activation_checkpointing"], tokens_per_s_per_gpu=s["tokens_per_s_per_gpu"],
@@ -34,6 +34,18 @@ def rows(results: dict[str, dict], valid_only: bool = True) -> list[dict]:
                 losses=[m["loss"] for m in entry["metrics"]], ds_config=entry.get("ds_config"),
                 date=result["date"], gpu=result["host"]["gpus"][0]))
     return table
+
+
+def predicted_peak_gib(row: dict) -> float:
+    """labs.memory's predicted peak (GiB of torch.cuda.max_memory_allocated) for a recorded case, from the
+    configuration the result file records (the prediction is computed now, not stored)."""
+    from labs import memory, models
+
+    est = memory.estimate(dims=models.shape("qwen2.5-7b") if row["preset"] == "qwen2.5-7b" else
+                          models.shape(row["preset"]), gpus_per_node=row["gpus"], seq_len=row["seq_len"],
+                          loss=row["loss"], kernels=row["kernels"], activation_checkpointing=row["checkpointing"],
+                          ds_config=row["ds_config"], engine=row["engine"], micro_batch=row["micro_batch"])
+    return est.total_per_gpu_bytes / 2**30
 
 
 def find(table: list[dict], run_suffix: str, case: str) -> dict:

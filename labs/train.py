@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from labs import data, metrics, models
+from labs import data, metrics, models, probe
 
 
 def main(run_dir: Path):
@@ -61,7 +61,7 @@ def main(run_dir: Path):
             loss = engine(next(batches).to(device))
             engine.backward(loss)
             if step == spec["steps"] and micro_step == accumulation - 1:
-                state_bytes = _state_bytes(engine, spec)   # gradients and optimizer states both live (labs.probe)
+                state_bytes = probe.engine_state_bytes(engine)   # gradients and optimizer states both live
             engine.step()
             loss_sum += loss.detach().float()
         _sync(on_gpu)
@@ -122,17 +122,6 @@ def _step_record(step, seconds, everyone, engine, tokens_per_step, flops_per_ste
     if timers:
         record["timers_ms"] = {k: float(v) for k, v in timers.items() if not k.endswith("microstep")}
     return record
-
-
-def _state_bytes(engine, spec) -> dict | None:
-    """Bytes of parameters, gradients and optimizer states this rank holds (see labs.probe)."""
-    if spec["engine"] != "deepspeed":
-        return None
-    try:
-        from labs import probe
-    except ImportError:
-        return None
-    return probe.engine_state_bytes(engine)
 
 
 def _gather_objects(obj, world_size):

@@ -60,3 +60,9 @@ def test_valid_zero3_runs_compute_the_same_losses_as_stock():
         assert (gap < 0.01) == valid, (row["run"], row["case"], gap)
         checked += 1
     assert checked >= 6
+
+
+def test_memory_model_predicts_every_recorded_gpu_peak_within_10_percent():
+    for row in results.rows(RECORDED):
+        predicted = results.predicted_peak_gib(row)
+        assert abs(predicted / row["peak_gib"] - 1) <= 0.10, (row["run"], row["case"], predicted, row["peak_gib"])
