@@ -123,21 +123,17 @@ def _diagonal(ax, values, band=0.05):
     ax.grid(alpha=0.3, which="both")
 
 
-def gpu_comparisons(folder=None) -> list[dict]:
-    """Committed GPU runs under results/ (run folders: run.json, ds_config.json, summary.json with
-    memory_kind 'cuda_max_memory_allocated'): measured peak (max over ranks) vs labs.memory.from_run."""
-    from labs import RESULTS
-    from labs.launch import Run
+def gpu_comparisons() -> list[dict]:
+    """The committed GPU benchmark runs (results/gpu/*.json, labs bench): measured peak (max over ranks of
+    torch.cuda.max_memory_allocated) against labs.memory's prediction for the same configuration."""
+    from labs import results
 
     rows = []
-    for summary in sorted(Path(folder or RESULTS).glob("**/summary.json")):
-        data = json.loads(summary.read_text())
-        if data.get("memory_kind") != "cuda_max_memory_allocated" or not (summary.parent / "run.json").is_file():
-            continue
-        est = memory.from_run(Run(summary.parent))
-        rows.append(dict(name=summary.parent.name, measured_bytes=max(data["peak_memory_bytes"]),
-                         predicted_bytes=est.total_per_gpu_bytes, peak_phase=est.peak_phase,
-                         ratio=max(data["peak_memory_bytes"]) / est.total_per_gpu_bytes, device=data.get("device")))
+    for row in results.rows(results.load_all()):
+        predicted = results.predicted_peak_gib(row) * GiB
+        measured = row["peak_gib"] * GiB
+        rows.append(dict(name=f"{row['run'][11:12]}:{row['case']}", device=f"{row['gpus']} x {row['gpu']}",
+                         measured_bytes=int(measured), predicted_bytes=int(predicted), ratio=measured / predicted))
     return rows
 
 
