@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from labs import data, metrics, models
+from labs import buffers, comm, data, metrics, models
 
 
 def main(run_dir: Path):
@@ -30,12 +30,15 @@ def main(run_dir: Path):
         torch.cuda.set_device(local_rank)
     device = torch.device("cuda", local_rank) if on_gpu else torch.device("cpu")
 
+    # Counts what every collective moves (installed before the engine: DeepSpeed keeps references to them).
+    counter = comm.CollectiveCounter().install()
     if spec["engine"] == "fsdp2":
         from labs import fsdp
 
         engine = fsdp.initialize(spec, ds_config, device)
     else:
         engine = _deepspeed_engine(spec, ds_config, device, on_gpu)
+    watch = buffers.BufferWatch(engine) if spec["engine"] == "deepspeed" else None   # ZeRO's working buffers
 
     micro_batch = ds_config["train_micro_batch_size_per_gpu"]
     accumulation = ds_config["gradient_accumulation_steps"]
@@ -49,6 +52,7 @@ def main(run_dir: Path):
     writer = metrics.JsonlWriter(run_dir / "metrics.jsonl") if rank == 0 else None
     progress = Progress(spec["steps"], rank, spec.get("progress", "bar"))
     step_times, losses = [], []
+    counter.drop()   # set-up traffic (initial weights broadcast or partitioned) is not part of a step
     for step in range(1, spec["steps"] + 1):
         _sync(on_gpu)
         start = time.perf_counter()
@@ -60,25 +64,32 @@ def main(run_dir: Path):
             loss_sum += loss.detach().float()
         _sync(on_gpu)
         seconds = time.perf_counter() - start
+        step_comm = counter.take()
         peak_bytes, memory_kind = metrics.peak_memory_bytes()
         # One small all-gather per step: every rank's loss and peak memory reach rank 0.
         mine = torch.tensor([loss_sum.item() / accumulation, float(peak_bytes)], device=device, dtype=torch.float64)
         everyone = [torch.zeros_like(mine) for _ in range(world_size)]
         dist.all_gather(everyone, mine)
+        counter.drop()   # that gather is labs' bookkeeping, not training
         if rank == 0:
             record = _step_record(step, seconds, everyone, engine, tokens_per_step, flops_per_step, world_size, peak)
             record["memory_kind"] = memory_kind
+            record["comm"] = step_comm
             writer.write(record)
             step_times.append(seconds)
             losses.append(record["loss"])
             progress.update(record)
     progress.close()
+    comm_totals = _gather_objects(counter.totals, world_size)
+    zero_buffers = _gather_objects(watch.report() if watch else None, world_size)
 
     state_bytes = _gather_objects(_state_bytes(engine, spec), world_size)
     if rank == 0:
         writer.close()
         summary = _summary(spec, ds_config, step_times, losses, run_dir, tokens_per_step, flops_per_step,
                            world_size, peak, state_bytes, dims)
+        summary["comm_totals"] = comm_totals   # per rank: {collective: {"calls", "bytes"}} over all steps
+        summary["zero_buffers"] = zero_buffers  # per rank: labs.buffers.BufferWatch.report()
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     dist.barrier()
     dist.destroy_process_group()   # without it a rank can abort at exit ("terminate called ...")
