@@ -57,9 +57,11 @@ def main(run_dir: Path):
         _sync(on_gpu)
         start = time.perf_counter()
         loss_sum = torch.zeros((), device=device)
-        for _ in range(accumulation):
+        for micro_step in range(accumulation):
             loss = engine(next(batches).to(device))
             engine.backward(loss)
+            if step == spec["steps"] and micro_step == accumulation - 1:
+                state_bytes = _state_bytes(engine, spec)   # gradients and optimizer states both live (labs.probe)
             engine.step()
             loss_sum += loss.detach().float()
         _sync(on_gpu)
@@ -83,7 +85,7 @@ def main(run_dir: Path):
     comm_totals = _gather_objects(counter.totals, world_size)
     zero_buffers = _gather_objects(watch.report() if watch else None, world_size)
 
-    state_bytes = _gather_objects(_state_bytes(engine, spec), world_size)
+    state_bytes = _gather_objects(state_bytes, world_size)
     if rank == 0:
         writer.close()
         summary = _summary(spec, ds_config, step_times, losses, run_dir, tokens_per_step, flops_per_step,

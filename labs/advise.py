@@ -1,0 +1,126 @@
+"""Fit verdicts: does a training setup fit a GPU, and if not, the cheapest change that makes it fit.
+
+The search varies what the chapter teaches (ZeRO stage, activation checkpointing, the loss, optimizer and
+parameter offload) and keeps the model, the batch and the number of GPUs. Options are ranked by a rough
+slowdown factor, only to order them (measure the real cost in the GPU chapter):
+- ZeRO-3: 1.5x the communication volume of ZeRO-1/2 (the paper); counted as 1.1x.
+- checkpointing k of L layers: each recomputes its forward, a third of forward + backward: 1 + k / (3 L).
+- loss 'chunked': the head's logits are computed twice: 1 + 2 vocab h / FLOPs per token (~3% at 7B);
+  'liger': about free (often faster), but needs a GPU.
+- optimizer offload: the Adam step runs on the CPU and grads cross PCIe: 1.5x. Parameter offload: 2x more.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from labs import memory, models
+
+SLOWDOWN = {"zero3": 1.1, "offload_optimizer": 1.5, "offload_param": 2.0, "liger": 1.0}
+
+
+@dataclass
+class Advice:
+    gpu_memory_bytes: int
+    usable_bytes: int
+    fits_as_is: bool
+    current: memory.MemoryEstimate
+    change: dict = field(default_factory=dict)        # the settings to change ({} if it fits as is)
+    suggestion: memory.MemoryEstimate | None = None
+    slowdown: float = 1.0
+    options: list = field(default_factory=list)       # every fitting combination, cheapest first
+
+    def __str__(self) -> str:
+        used, usable = self.current.total_per_gpu_bytes / memory.GiB, self.usable_bytes / memory.GiB
+        if self.fits_as_is:
+            return f"fits: peak {used:.1f} GiB of {usable:.1f} GiB usable"
+        if self.suggestion is None:
+            return (f"does not fit: peak {used:.1f} GiB > {usable:.1f} GiB usable, and no stage, offload, "
+                    "checkpointing or loss change fits: use more GPUs, a smaller micro-batch or shorter sequences")
+        changes = ", ".join(f"{k}={v}" for k, v in self.change.items())
+        return (f"does not fit: peak {used:.1f} GiB > {usable:.1f} GiB usable; cheapest change that fits: "
+                f"{changes} (peak {self.suggestion.total_per_gpu_bytes / memory.GiB:.1f} GiB, "
+                f"~{self.slowdown:.2f}x the step time)")
+
+    def as_dict(self) -> dict:
+        return dict(gpu_memory_bytes=self.gpu_memory_bytes, usable_bytes=self.usable_bytes,
+                    fits_as_is=self.fits_as_is, change=self.change, slowdown=self.slowdown,
+                    peak_bytes=self.current.total_per_gpu_bytes,
+                    suggested_peak_bytes=self.suggestion.total_per_gpu_bytes if self.suggestion else None,
+                    verdict=str(self))
+
+
+def advise(gpu_memory_bytes, reserve_bytes=None, **inputs) -> Advice:
+    """`inputs` are memory.estimate's keyword arguments (preset, stage, gpus_per_node, ...)."""
+    gpu_memory_bytes = memory.parse_bytes(gpu_memory_bytes)
+    usable = memory.usable_bytes(gpu_memory_bytes, reserve_bytes)
+    current = memory.estimate(**inputs)
+    base = current.inputs
+    advice = Advice(gpu_memory_bytes, usable, current.total_per_gpu_bytes <= usable, current)
+    if advice.fits_as_is:
+        return advice
+    dims = current.inputs["dims"] or (models.shape(base["preset"]) if base["preset"] else None)
+    layers = dims["num_hidden_layers"] if dims else 0
+    now = _layers(base["activation_checkpointing"], layers)
+    losses = [base["loss"]] + ([x for x in ("chunked", "liger") if x != base["loss"]] if dims else [])
+    for stage in range(base["stage"], 4):
+        for loss in losses:
+            for off_opt in {base["offload_optimizer"], "cpu"} if stage else {None}:
+                for off_param in {base["offload_param"], "cpu"} if stage == 3 else {None}:
+                    settings = dict(stage=stage, loss=loss, offload_optimizer=off_opt, offload_param=off_param)
+                    k = _fewest_layers(settings, base, now, layers, usable)
+                    if k is None:
+                        continue
+                    settings["activation_checkpointing"] = _how(k, layers, base["activation_checkpointing"])
+                    est = memory.estimate(**{**base, **settings})
+                    cost = _slowdown(settings, base, k, layers, dims)
+                    change = {key: v for key, v in settings.items() if v != base[key]}
+                    advice.options.append(dict(change=change, slowdown=cost, estimate=est))
+    advice.options.sort(key=lambda o: (round(o["slowdown"], 6), o["estimate"].total_per_gpu_bytes))
+    if advice.options:
+        best = advice.options[0]
+        advice.change, advice.slowdown, advice.suggestion = best["change"], best["slowdown"], best["estimate"]
+    return advice
+
+
+def _fewest_layers(settings, base, now, layers, usable):
+    """The fewest checkpointed layers (at least the current number) that fit; None if even all do not."""
+    def fits(k):
+        how = _how(k, layers, base["activation_checkpointing"])
+        return memory.estimate(**{**base, **settings, "activation_checkpointing": how}).total_per_gpu_bytes <= usable
+
+    low, high = now, max(now, layers)
+    if not fits(high):
+        return None
+    while low < high:                  # memory falls as more layers are checkpointed
+        mid = (low + high) // 2
+        if fits(mid):
+            high = mid
+        else:
+            low = mid + 1
+    return low
+
+
+def _layers(how, layers: int) -> int:
+    return {"none": 0, "full": layers}.get(str(how), int(how) if str(how).isdigit() else 0)
+
+
+def _how(k: int, layers: int, current):
+    if k == _layers(current, layers):
+        return current
+    return "none" if k == 0 else "full" if k == layers else k
+
+
+def _slowdown(settings, base, k, layers, dims) -> float:
+    cost = 1.0
+    if settings["stage"] == 3 and base["stage"] != 3:
+        cost *= SLOWDOWN["zero3"]
+    if layers:
+        cost *= 1 + (k - _layers(base["activation_checkpointing"], layers)) / (3 * layers)
+    if settings["loss"] == "chunked" and base["loss"] != "chunked" and dims:
+        head_flops = 2 * dims["vocab_size"] * dims["hidden_size"]
+        cost *= 1 + head_flops / models.flops_per_token(dims, base["seq_len"])
+    if settings["offload_optimizer"] and not base["offload_optimizer"]:
+        cost *= SLOWDOWN["offload_optimizer"]
+    if settings["offload_param"] and not base["offload_param"]:
+        cost *= SLOWDOWN["offload_param"]
+    return cost

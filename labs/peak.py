@@ -1,0 +1,143 @@
+"""The peak of `torch.cuda.max_memory_allocated` through a training step, moment by moment.
+
+A step passes through moments where different things are alive; the peak is the largest of them:
+- init: ZeRO-0/1/2 copy the model into one flat buffer while the original tensors still exist.
+- loss_backward: every saved activation plus the loss at its worst (stock loss: three fp32 [tokens, vocab]
+  tensors inside log_softmax's backward); no gradient exists yet (ZeRO-3 keeps its gradient buffer).
+  ZeRO-3 still holds lm_head gathered: it is reused within `stage3_max_reuse_distance`.
+- layer_backward: the last decoder layer's backward: its activations (recomputed if checkpointed) and
+  gradient temporaries, the head's gradient, DeepSpeed's reduce buckets (ZeRO-1/2) or the gathered layer
+  (ZeRO-3).
+- backward_end: every gradient this stage keeps (ZeRO-0/1: all of them, before the reduction frees the
+  others' shares), plus the embedding's dense gradient gathered at ZeRO-3.
+- optimizer_step: the gradient partition flattened and copied to fp32 for the update (ZeRO-1/2: the whole
+  partition; ZeRO-3: one sub-group at a time; ZeRO-0: FP16_Optimizer's fp32 copies).
+Each moment is split into params, grads, optimizer (states + fp32 master), activations and buffers (what
+DeepSpeed allocates for a while: buckets, gathered parameters, copies). All bytes are on the GPU of the
+worst rank; offloaded states count on the host instead.
+"""
+from __future__ import annotations
+
+from labs import memory
+
+
+def deepspeed(params, layout, dims, stage, world, d, mixed, state_bytes, offload_optimizer, offload_param, knobs,
+              acts):
+    """Returns (phases, resident_per_rank, host_bytes_per_rank, nvme_bytes_per_rank)."""
+    # ---- what each rank holds for good once the first step has run
+    master = 4 if (mixed or stage in (1, 2)) else 0             # fp32 ZeRO-1/2 still clone an fp32 partition
+    bucket = d * knobs["reduce_bucket_size"]
+    if stage == 3:
+        z3 = memory.zero3_partition(layout, world, knobs["stage3_param_persistence_threshold"],
+                                    knobs["sub_group_size"])
+        partition = z3["partition"]
+        params_rank = d * (partition + z3["persistent"])       # ds_tensor partitions + small params kept whole
+        grads_rank = [d * partition + (bucket if knobs["contiguous_gradients"] else 0)] * world
+    elif stage in (1, 2):
+        partition = -(-params // (2 * world)) * 2              # slice of the flat buffer (padded to 2 x world)
+        params_rank = d * partition * world
+        grads_rank = [d * n for n in memory.zero12_grad_elements(layout, world)]
+    else:
+        partition = params_rank = d * params
+        partition = params
+        grads_rank = [d * params] * world
+    optimizer_rank = master * partition + state_bytes * partition / params
+    worst = max(range(world), key=lambda r: grads_rank[r])
+
+    params_gpu = params_rank
+    if offload_param:
+        params_gpu = d * z3["persistent"]
+    optimizer_gpu = 0 if offload_optimizer else optimizer_rank
+    host = nvme = 0
+    if offload_optimizer:                                      # CPU Adam: master, states and fp32 grads on the host
+        z3_grads = d * partition if stage == 3 else 0          # ZeRO-3's flat grad buffer lives there too
+        if offload_optimizer == "nvme":
+            nvme += optimizer_rank
+            host += 4 * partition + z3_grads
+        else:
+            host += optimizer_rank + 4 * partition + z3_grads
+    if offload_param:
+        if offload_param == "nvme":
+            nvme += params_rank
+            host += 5 * d * 1e8                                 # offload_param's default swap buffers: 5 x 1e8
+        else:
+            host += params_rank
+    resident = [dict(rank=r, params_bytes=int(params_rank), grads_bytes=int(grads_rank[r]),
+                     optimizer_bytes=int(optimizer_rank)) for r in range(world)]
+
+    # ---- gradients on this GPU at each moment
+    grads_kept = grads_rank[worst]
+    if stage == 3:
+        kept_on_gpu = (bucket if knobs["contiguous_gradients"] else 0) if offload_optimizer else grads_kept
+        grads = dict(loss=kept_on_gpu, layer=kept_on_gpu, end=kept_on_gpu, step=kept_on_gpu)
+    elif stage == 2:
+        kept_on_gpu = 0 if offload_optimizer else grads_kept
+        grads = dict(loss=0, layer=kept_on_gpu, end=kept_on_gpu, step=kept_on_gpu)
+    else:                                                      # ZeRO-0/1: p.grad of every parameter
+        head_grad = d * acts["head"]
+        after = 0 if offload_optimizer else grads_kept
+        grads = dict(loss=0, layer=head_grad, end=d * params, step=d * params if stage == 0 else after)
+
+    # ---- DeepSpeed's temporary buffers at each moment
+    reduce_buckets = (2 if knobs["overlap_comm"] else 1) * bucket if stage in (1, 2) else 0
+    gathered_head = gathered_layer = gathered_embedding = 0
+    if stage == 3:
+        live, prefetch = knobs["stage3_max_live_parameters"], knobs["stage3_prefetch_bucket_size"]
+        gathered_head = d * min(live, acts["head"] + prefetch)
+        gathered_layer = d * min(live, acts["layer_params"] + prefetch)
+        gathered_embedding = 2 * d * acts["head"]               # gathered weight + its dense gradient
+    if offload_optimizer:
+        step_copies = 0                                        # the update runs on the host
+    elif stage == 3:
+        step_copies = (d + 4) * z3["largest_sub_group"]        # flatten (bf16) then .to(fp32), per sub-group
+    elif stage in (1, 2):
+        step_copies = (d + 4) * partition
+    else:
+        step_copies = 8 * params if mixed else 0               # FP16_Optimizer: fp32 copy of each grad + flat copy
+    allreduce_bucket = d * min(params, 5e8) if stage == 0 else 0
+
+    # ---- activations
+    saved, loss = acts["saved"] + acts["final_norm"], acts["loss"]
+    recompute = _recompute(acts)
+
+    base = dict(params=params_gpu, optimizer=optimizer_gpu)
+    phases = {
+        "init": dict(params=params_gpu, optimizer=0, grads=0, activations=0,
+                     buffers=d * params if stage in (1, 2) else 2 * d * params if stage == 0 else 0),
+        "loss_backward": dict(base, grads=grads["loss"], activations=saved + loss, buffers=gathered_head),
+        "layer_backward": dict(base, grads=grads["layer"], activations=acts["saved"] + recompute + acts["temporaries"],
+                               buffers=reduce_buckets + gathered_layer),
+        "backward_end": dict(base, grads=grads["end"], activations=0,
+                             buffers=reduce_buckets + allreduce_bucket + gathered_embedding),
+        "optimizer_step": dict(base, grads=grads["step"], activations=0, buffers=step_copies),
+    }
+    return phases, resident, host, nvme
+
+
+def fsdp2(params, layout, dims, stage, world, d, mixed, state_bytes, offload_optimizer, offload_param, knobs, acts):
+    """FSDP2 (`fully_shard` per decoder layer and on the root), approximated: fp32 sharded parameters,
+    gradients and Adam states (16 bytes per parameter / N); bf16 copies of the current and the prefetched
+    layer during compute; the root's embedding and head gathered through forward and backward."""
+    shard = -(-params // world)
+    params_gpu = 4 * shard
+    optimizer_gpu = state_bytes * shard / params
+    layer = 2 * d * acts["layer_params"]                       # current + prefetched layer, unsharded
+    root = d * acts["head"] * (1 if dims and dims["tie_word_embeddings"] else 2)
+    saved = acts["saved"] + acts["final_norm"]
+    recompute = _recompute(acts)
+    base = dict(params=params_gpu, optimizer=optimizer_gpu)
+    phases = {
+        "loss_backward": dict(base, grads=0, activations=saved + acts["loss"], buffers=root),
+        "layer_backward": dict(base, grads=4 * shard, activations=acts["saved"] + recompute + acts["temporaries"],
+                               buffers=root + layer + 4 * acts["layer_params"]),   # + the layer's unsharded fp32 grad
+        "optimizer_step": dict(base, grads=4 * shard, activations=0, buffers=0),
+    }
+    resident = [dict(rank=r, params_bytes=int(params_gpu), grads_bytes=int(4 * shard),
+                     optimizer_bytes=int(optimizer_gpu)) for r in range(world)]
+    return phases, resident, 0, 0
+
+
+def _recompute(acts) -> int:
+    """labs checkpoints the first k layers; backward meets them last, when the later layers' activations are
+    already freed. So recomputing a layer adds to the peak only when every layer is checkpointed."""
+    return acts["layer"] if acts["checkpointed"] and acts["checkpointed"] == acts["layers"] else 0
