@@ -78,6 +78,8 @@ class BufferWatch:
 
     def report(self) -> dict:
         persistent_elements, persistent_bytes = self.persistent()
-        return dict(stage=self.stage, bucket_bytes=max(self.bucket_peak_bytes, self.bucket_bytes()),
+        inner = getattr(self.optimizer, "optimizer", self.optimizer)   # the optimizer that steps (AdamW, CPU Adam)
+        return dict(stage=self.stage, step_optimizer=type(inner).__name__,
+                    bucket_bytes=max(self.bucket_peak_bytes, self.bucket_bytes()),
                     gathered_peak_elements=self.gathered_peak_elements, gathered_peak_bytes=self.gathered_peak_bytes,
                     persistent_elements=persistent_elements, persistent_bytes=persistent_bytes)
