@@ -62,11 +62,12 @@ def check_02_paper_reduction_key(answer_key) -> bool:
 
 # ---------------------------------------------------------------------------------------------- chapter 03
 def check_03_host_bytes_per_param(answer) -> bool:
-    """ZeRO-Offload of a bf16 model with Adam: bytes the host holds per parameter (summed over ranks)."""
+    """ZeRO-2 + optimizer offload of a bf16 model with Adam: bytes the host holds per parameter, summed over
+    ranks, staging buffers left out."""
     expected = 4 + 4 + 4 + 4
     return _verdict(answer, expected, unit=" bytes per parameter",
                     hint="fp32 master weights, Adam's momentum and variance, and the fp32 gradient the CPU "
-                         "optimizer steps with")
+                         "optimizer steps with (ZeRO-3 adds its bf16 gradient partition)")
 
 
 def check_03_omp_threads(answer, cores=64, ranks=8) -> bool:

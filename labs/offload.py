@@ -30,6 +30,25 @@ def placement_rows(runs: dict, rank=0) -> list[dict]:
     return rows
 
 
+OFFLOADS = (("none", None, None), ("optimizer", "cpu", None), ("optimizer + params", "cpu", "cpu"))
+
+
+def scenario_rows(preset: str, gpus: int, gpu: str, stage=3, **options) -> list[dict]:
+    """labs.memory's verdict for each offload setting: peak bytes per GPU, fits or not, host bytes per node."""
+    from labs import memory
+
+    rows = []
+    for label, optimizer, param in OFFLOADS:
+        if param and stage != 3:
+            continue
+        estimate = memory.estimate(preset, stage=stage, gpus_per_node=gpus, offload_optimizer=optimizer,
+                                   offload_param=param, **options)
+        rows.append(dict(setup=f"{preset}, {gpus} x {gpu}, ZeRO-{stage}", offload=label,
+                         gpu_bytes=estimate.total_per_gpu_bytes, fits=estimate.fits(memory.GPUS[gpu]),
+                         host_bytes=estimate.host_per_node_bytes))
+    return rows
+
+
 def cpu_adam_step_seconds(threads: int, numel: int = 20_000_000, steps: int = 5) -> float:
     """Median seconds of one DeepSpeedCPUAdam step over `numel` fp32 parameters, in a fresh process whose
     OMP_NUM_THREADS is `threads` (the variable a launcher sets, read once when OpenMP starts)."""

@@ -25,6 +25,12 @@ def run_stages(out, steps=20, precision="fp32", stages=(0, 1, 2, 3), **launch_op
                            f"ZeRO-{stage} ({STAGE_FILES[stage]})", launch_options) for stage in stages}
 
 
+def run_configs(out, files: dict, steps=8, precision=None, **launch_options) -> dict:
+    """files: {name: file in ds_configs/}; one launch each, as the files say unless `precision` is given."""
+    return {name: _launch(Path(out) / name, CONFIGS / file, steps, precision, f"{name} ({file})", launch_options)
+            for name, file in files.items()}
+
+
 def run_variants(out, variants: dict, steps=3, precision="fp32", **launch_options) -> dict:
     """variants: {name: (base file in ds_configs/, {dotted key: value})}. Each variant's config is written
     to <out>/configs/<name>.json (so it can be read and rerun) and launched; returns {name: Run}."""
