@@ -39,6 +39,8 @@ def main(argv=None) -> int:
     _train_args(sub)
     p = sub.add_parser("env", help="environment report with fixes")
     p.add_argument("--json", action="store_true")
+    from labs import memory_cli
+    memory_cli.add_parser(sub)
     try:
         args = parser.parse_args(argv)
         return _dispatch(args)
@@ -66,6 +68,10 @@ def _dispatch(args) -> int:
         info = env.report()
         print(json.dumps(info, indent=1) if args.json else env.format_report(info))
         return 0
+    if args.command == "memory":
+        from labs import memory_cli
+
+        return memory_cli.run(args)
     raise LabsError(f"unknown command {args.command}")
 
 

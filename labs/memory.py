@@ -28,6 +28,7 @@ import re
 from dataclasses import asdict, dataclass, field
 
 from labs import activations as act
+from labs import layout as zero_layout
 from labs import models, peak
 from labs.errors import LabsError
 
@@ -40,65 +41,11 @@ DS_DEFAULTS = dict(reduce_bucket_size=5e8, allgather_bucket_size=5e8, overlap_co
                    stage3_prefetch_bucket_size=5e7, stage3_param_persistence_threshold=1e5,
                    stage3_max_live_parameters=1e9, stage3_max_reuse_distance=1e9, sub_group_size=1e9)
 # Memory as nvidia-smi reports it (MiB); the H200 figure was read on this project's machines.
+# Where the parameter layout lives now (labs.layout); the old names keep working.
+param_layout, largest_layer_params = zero_layout.param_layout, zero_layout.largest_layer_params
+zero12_grad_elements, zero3_partition = zero_layout.zero12_grad_elements, zero_layout.zero3_partition
 GPUS = {"H200": 143771 * 2 ** 20, "H100": 81559 * 2 ** 20, "A100-80GB": 81920 * 2 ** 20,
         "A100-40GB": 40960 * 2 ** 20, "RTX4090": 24564 * 2 ** 20, "RTX3090": 24576 * 2 ** 20, "V100-32GB": 32768 * 2 ** 20}
-
-
-# ------------------------------------------------------------------------------------------ the model
-def param_layout(dims: dict) -> list[tuple[str, int]]:
-    """Qwen2ForCausalLM's parameters in registration order, which is the order DeepSpeed flattens them in
-    (a tied lm_head is the embedding, listed once)."""
-    h, f, vocab = dims["hidden_size"], dims["intermediate_size"], dims["vocab_size"]
-    kv = h // dims["num_attention_heads"] * dims["num_key_value_heads"]
-    layout = [("model.embed_tokens.weight", vocab * h)]
-    for i in range(dims["num_hidden_layers"]):
-        p = f"model.layers.{i}."
-        layout += [(p + "self_attn.q_proj.weight", h * h), (p + "self_attn.q_proj.bias", h),
-                   (p + "self_attn.k_proj.weight", kv * h), (p + "self_attn.k_proj.bias", kv),
-                   (p + "self_attn.v_proj.weight", kv * h), (p + "self_attn.v_proj.bias", kv),
-                   (p + "self_attn.o_proj.weight", h * h), (p + "mlp.gate_proj.weight", f * h),
-                   (p + "mlp.up_proj.weight", f * h), (p + "mlp.down_proj.weight", h * f),
-                   (p + "input_layernorm.weight", h), (p + "post_attention_layernorm.weight", h)]
-    layout.append(("model.norm.weight", h))
-    if not dims["tie_word_embeddings"]:
-        layout.append(("lm_head.weight", vocab * h))
-    return layout
-
-
-def largest_layer_params(dims: dict) -> int:
-    """DeepSpeed's `model_to_params`: the most parameters any one module owns directly (an embedding here)."""
-    h, f, vocab = dims["hidden_size"], dims["intermediate_size"], dims["vocab_size"]
-    return max(vocab * h, f * h, h * h + h)
-
-
-def zero12_grad_elements(layout, world: int) -> list[int]:
-    """ZeRO-1/2 keep, per rank, the gradient of every parameter that overlaps the rank's slice of the flat
-    buffer, whole (stage_1_and_2.py `grads_in_partition` / `averaged_gradients`): a big embedding that
-    straddles two slices is held whole by both ranks."""
-    total = sum(n for _, n in layout)
-    part = -(-total // (2 * world)) * 2     # flat buffer padded to 2 * world elements, split evenly
-    held, offset = [0] * world, 0
-    for _, numel in layout:
-        for r in range(offset // part, min(world, -(-(offset + numel) // part))):
-            held[r] += numel
-        offset += numel
-    return held
-
-
-def zero3_partition(layout, world: int, persistence_threshold: float, sub_group_size: float) -> dict:
-    """ZeRO-3 splits each parameter on its own (ceil(numel / world) per rank); parameters of at most
-    `stage3_param_persistence_threshold` elements also stay whole on every rank. The optimizer steps in
-    sub-groups of about `sub_group_size` partition elements."""
-    parts = [-(-n // world) for _, n in layout]
-    groups, current = [], 0
-    for p in parts:
-        current += p
-        if current >= sub_group_size:
-            groups.append(current)
-            current = 0
-    groups.append(current)
-    return dict(partition=sum(parts), persistent=sum(n for _, n in layout if n <= persistence_threshold),
-                largest_sub_group=max(groups))
 
 
 # ------------------------------------------------------------------------------------------ the estimate
@@ -166,7 +113,7 @@ def estimate(preset=None, *, params=None, dims=None, stage=None, gpus_per_node=1
     if preset is not None:
         dims = models.shape(models.check_preset(preset))
     if dims is not None:
-        layout = param_layout(dims)
+        layout = zero_layout.param_layout(dims)
         params = sum(n for _, n in layout)
     elif params is None:
         raise LabsError("give a preset (tiny, qwen-7b, qwen2.5-7b), dims, or params (e.g. --params 7.5e9)")
@@ -208,7 +155,7 @@ def estimate(preset=None, *, params=None, dims=None, stage=None, gpus_per_node=1
                   offload_param=offload_param)
     if dims is not None:
         act.checkpointed_layers(activation_checkpointing, dims["num_hidden_layers"])   # validates
-    largest = largest_layer if largest_layer is not None else (largest_layer_params(dims) if dims else 0)
+    largest = largest_layer if largest_layer is not None else (zero_layout.largest_layer_params(dims) if dims else 0)
 
     d = PRECISIONS[precision]
     mixed = precision != "fp32"
@@ -358,7 +305,7 @@ def _activations(dims, micro_batch, seq_len, checkpointing, loss, kernels, d) ->
     tokens = micro_batch * seq_len
     loss_parts = act.loss_bytes(dims, loss, micro_batch, seq_len, d)
     head = dims["vocab_size"] * dims["hidden_size"]
-    layer_params = sum(n for name, n in param_layout(dims) if name.startswith("model.layers.0."))
+    layer_params = sum(n for name, n in zero_layout.param_layout(dims) if name.startswith("model.layers.0."))
     return dict(parts=parts, loss_parts=loss_parts,
                 saved=parts["layers kept whole"] + parts["checkpointed layer inputs"] + parts["token ids"],
                 final_norm=parts["final norm"], layer=act.layer_bytes_per_token(dims, kernels, d) * tokens,
@@ -401,30 +348,3 @@ def from_run(run, **overrides) -> MemoryEstimate:
                   engine=spec["engine"])
     kwargs.update(overrides)
     return estimate(**kwargs)
-
-
-def format_table(est: MemoryEstimate, gpu_memory=None) -> str:
-    """The estimate as a readable table (GiB = 2^30 bytes; the paper's GB are 10^9)."""
-    i = est.inputs
-    rows = [("parameters", f"{est.params:,}"),
-            ("setup", f"ZeRO-{i['stage']} on {i['gpus_per_node']} GPU(s) x {i['nodes']} node(s), "
-                      f"{i['precision']}, micro-batch {i['micro_batch']}, "
-                      f"seq {i['seq_len']}, checkpointing {i['activation_checkpointing']}, loss {i['loss']}"),
-            ("paper model states / GPU", _gib(est.paper_model_states_per_gpu_bytes)),
-            ("DeepSpeed model states / GPU", _gib(est.model_states_per_gpu_bytes)),
-            (f"peak / GPU ({est.peak_phase})", _gib(est.total_per_gpu_bytes)),
-            ("  params", _gib(est.params_per_gpu_bytes)), ("  grads", _gib(est.grads_per_gpu_bytes)),
-            ("  optimizer states", _gib(est.optimizer_per_gpu_bytes)),
-            ("  activations (+ loss)", _gib(est.activations_per_gpu_bytes)),
-            ("  DeepSpeed buffers", _gib(est.buffers_per_gpu_bytes)),
-            ("host / node (offload)", _gib(est.host_per_node_bytes))]
-    if est.nvme_per_node_bytes:
-        rows.append(("NVMe / node", _gib(est.nvme_per_node_bytes)))
-    if gpu_memory is not None:
-        rows.append(("verdict", str(est.advise(gpu_memory))))
-    width = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows + [("note", n) for n in est.notes])
-
-
-def _gib(n) -> str:
-    return f"{n / GiB:,.2f} GiB ({n / GB:,.2f} GB)"

@@ -18,7 +18,7 @@ worst rank; offloaded states count on the host instead.
 """
 from __future__ import annotations
 
-from labs import memory
+from labs import layout as zero_layout
 
 
 def deepspeed(params, layout, dims, stage, world, d, mixed, state_bytes, offload_optimizer, offload_param, knobs,
@@ -28,7 +28,7 @@ def deepspeed(params, layout, dims, stage, world, d, mixed, state_bytes, offload
     master = 4 if (mixed or stage in (1, 2)) else 0             # fp32 ZeRO-1/2 still clone an fp32 partition
     bucket = d * knobs["reduce_bucket_size"]
     if stage == 3:
-        z3 = memory.zero3_partition(layout, world, knobs["stage3_param_persistence_threshold"],
+        z3 = zero_layout.zero3_partition(layout, world, knobs["stage3_param_persistence_threshold"],
                                     knobs["sub_group_size"])
         partition = z3["partition"]
         params_rank = d * (partition + z3["persistent"])       # ds_tensor partitions + small params kept whole
@@ -36,10 +36,11 @@ def deepspeed(params, layout, dims, stage, world, d, mixed, state_bytes, offload
     elif stage in (1, 2):
         partition = -(-params // (2 * world)) * 2              # slice of the flat buffer (padded to 2 x world)
         params_rank = d * partition * world
-        grads_rank = [d * n for n in memory.zero12_grad_elements(layout, world)]
+        # with only a parameter count, assume parameters small enough that each rank holds ~its slice
+        held = zero_layout.zero12_grad_elements(layout, world) if dims else [partition] * world
+        grads_rank = [d * n for n in held]
     else:
-        partition = params_rank = d * params
-        partition = params
+        partition, params_rank = params, d * params
         grads_rank = [d * params] * world
     optimizer_rank = master * partition + state_bytes * partition / params
     worst = max(range(world), key=lambda r: grads_rank[r])

@@ -26,9 +26,9 @@ MOMENT = "after the last backward, before its optimizer step"
 def engine_state_bytes(engine) -> dict:
     """Bytes of parameters, gradients and optimizer states on this rank, split by device (cuda / cpu)."""
     ledger = _Ledger()
-    wrapper = engine.optimizer
+    wrapper = getattr(engine, "optimizer", None)
     basic = getattr(wrapper, "optimizer", wrapper)             # DeepSpeed's wrapper around torch's optimizer
-    for name, p in engine.module.named_parameters():           # 1. the model's own tensors
+    for name, p in getattr(engine, "module", engine).named_parameters():    # 1. the model's own tensors
         ledger.add(getattr(p, "ds_tensor", None), "params", f"{name}.ds_tensor")
         ledger.add(p.data, "params", name)
         ledger.add(p.grad, "grads", f"{name}.grad")
@@ -39,12 +39,13 @@ def engine_state_bytes(engine) -> dict:
     for state in getattr(basic, "state", {}).values():        # 3. Adam's exp_avg, exp_avg_sq (and step)
         for key, value in state.items():
             ledger.add(value, "optimizer", f"optimizer state {key}")
-    if wrapper is not basic:                                   # 4. the wrapper's own buffers, by name
+    if wrapper is not None and wrapper is not basic:          # 4. the wrapper's own buffers, by name
         for name, value in vars(wrapper).items():
             ledger.walk(value, _category(name), name)
     rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
     world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
-    result = dict(rank=rank, world_size=world, zero_stage=engine.zero_optimization_stage(),
+    stage = getattr(engine, "zero_optimization_stage", lambda: None)()
+    result = dict(rank=rank, world_size=world, zero_stage=stage,
                   optimizer_class=type(wrapper).__name__, moment=MOMENT, by_device=ledger.by_device(),
                   largest=ledger.largest(8))
     for category in CATEGORIES:
@@ -72,6 +73,8 @@ class _Ledger:
         self.rows, self.seen, self.visited = [], set(), set()
 
     def add(self, tensor, category, where):
+        if hasattr(tensor, "to_local"):                        # a DTensor (FSDP2): this rank's shard
+            tensor = tensor.to_local()
         if not isinstance(tensor, torch.Tensor) or tensor.device.type == "meta":
             return
         storage = tensor.untyped_storage()

@@ -1,0 +1,59 @@
+"""How the parameters of a Qwen2 model sit in memory under DeepSpeed ZeRO: their order, the flat buffer
+that ZeRO-1/2 slice into equal parts, and ZeRO-3's per-parameter partitions (stage_1_and_2.py, stage3.py)."""
+from __future__ import annotations
+
+
+def param_layout(dims: dict) -> list[tuple[str, int]]:
+    """Qwen2ForCausalLM's parameters in registration order, which is the order DeepSpeed flattens them in
+    (a tied lm_head is the embedding, listed once)."""
+    h, f, vocab = dims["hidden_size"], dims["intermediate_size"], dims["vocab_size"]
+    kv = h // dims["num_attention_heads"] * dims["num_key_value_heads"]
+    layout = [("model.embed_tokens.weight", vocab * h)]
+    for i in range(dims["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        layout += [(p + "self_attn.q_proj.weight", h * h), (p + "self_attn.q_proj.bias", h),
+                   (p + "self_attn.k_proj.weight", kv * h), (p + "self_attn.k_proj.bias", kv),
+                   (p + "self_attn.v_proj.weight", kv * h), (p + "self_attn.v_proj.bias", kv),
+                   (p + "self_attn.o_proj.weight", h * h), (p + "mlp.gate_proj.weight", f * h),
+                   (p + "mlp.up_proj.weight", f * h), (p + "mlp.down_proj.weight", h * f),
+                   (p + "input_layernorm.weight", h), (p + "post_attention_layernorm.weight", h)]
+    layout.append(("model.norm.weight", h))
+    if not dims["tie_word_embeddings"]:
+        layout.append(("lm_head.weight", vocab * h))
+    return layout
+
+
+def largest_layer_params(dims: dict) -> int:
+    """DeepSpeed's `model_to_params`: the most parameters any one module owns directly (an embedding here)."""
+    h, f, vocab = dims["hidden_size"], dims["intermediate_size"], dims["vocab_size"]
+    return max(vocab * h, f * h, h * h + h)
+
+
+def zero12_grad_elements(layout, world: int) -> list[int]:
+    """ZeRO-1/2 keep, per rank, the gradient of every parameter that overlaps the rank's slice of the flat
+    buffer, whole (stage_1_and_2.py `grads_in_partition` / `averaged_gradients`): a big embedding that
+    straddles two slices is held whole by both ranks."""
+    total = sum(n for _, n in layout)
+    part = -(-total // (2 * world)) * 2     # flat buffer padded to 2 * world elements, split evenly
+    held, offset = [0] * world, 0
+    for _, numel in layout:
+        for r in range(offset // part, min(world, -(-(offset + numel) // part))):
+            held[r] += numel
+        offset += numel
+    return held
+
+
+def zero3_partition(layout, world: int, persistence_threshold: float, sub_group_size: float) -> dict:
+    """ZeRO-3 splits each parameter on its own (ceil(numel / world) per rank); parameters of at most
+    `stage3_param_persistence_threshold` elements also stay whole on every rank. The optimizer steps in
+    sub-groups of about `sub_group_size` partition elements."""
+    parts = [-(-n // world) for _, n in layout]
+    groups, current = [], 0
+    for p in parts:
+        current += p
+        if current >= sub_group_size:
+            groups.append(current)
+            current = 0
+    groups.append(current)
+    return dict(partition=sum(parts), persistent=sum(n for _, n in layout if n <= persistence_threshold),
+                largest_sub_group=max(groups))

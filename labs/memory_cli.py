@@ -1,0 +1,96 @@
+"""`labs memory`: the memory calculator on the command line (a table, or JSON with --json).
+
+    labs memory --preset qwen2.5-7b --stage 3 --gpus 2 --micro-batch 2 --gpu-memory H200
+    labs memory --params 7.5e9 --stage 2 --gpus 8 --json
+"""
+from __future__ import annotations
+
+import json
+
+from labs import memory
+from labs.errors import LabsError
+
+
+def add_parser(sub):
+    p = sub.add_parser("memory", help="predict memory per GPU and per host (and whether it fits)")
+    p.add_argument("--preset", help="tiny | qwen-7b | qwen2.5-7b")
+    p.add_argument("--params", help="a parameter count instead of a preset, e.g. 7.5e9 (model states only)")
+    p.add_argument("--stage", type=int, help="ZeRO stage 0-3 (default: the --config's, else 3)")
+    p.add_argument("--gpus", type=int, default=1, help="GPUs per node (default 1)")
+    p.add_argument("--nodes", type=int, default=1)
+    p.add_argument("--precision", help="bf16 | fp16 | fp32 (default: the --config's, else bf16)")
+    p.add_argument("--offload-optimizer", help="none | cpu | nvme (default: the --config's, else none)")
+    p.add_argument("--offload-param", help="none | cpu | nvme, ZeRO-3 only (default: the --config's, else none)")
+    p.add_argument("--micro-batch", type=int, help="sequences per GPU per step (default: the --config's, else 1)")
+    p.add_argument("--seq-len", type=int, default=4096)
+    p.add_argument("--activation-checkpointing", default="none", help="none | full | number of layers")
+    p.add_argument("--loss", default="hf", help="hf | chunked | liger")
+    p.add_argument("--kernels", default="stock", help="stock | liger")
+    p.add_argument("--optimizer", default="adamw", help=" | ".join(memory.OPTIMIZERS))
+    p.add_argument("--engine", default="deepspeed", help="deepspeed | fsdp2")
+    p.add_argument("--config", help="a DeepSpeed JSON config for bucket sizes, prefetch, persistence ...")
+    p.add_argument("--gpu-memory", help=f"memory of one GPU for a verdict: 80GiB, 141GB or {', '.join(memory.GPUS)}")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def run(args) -> int:
+    if (args.preset is None) == (args.params is None):
+        raise LabsError("give exactly one of --preset (tiny, qwen-7b, qwen2.5-7b) and --params (e.g. 7.5e9)")
+    try:
+        params = float(args.params) if args.params is not None else None
+    except ValueError:
+        raise LabsError(f"--params '{args.params}' is not a number; write e.g. 7.5e9") from None
+    ds_config = None
+    if args.config:
+        from labs import config
+
+        ds_config = config.load(args.config)
+    checkpointing = args.activation_checkpointing
+    est = memory.estimate(args.preset, params=params, stage=args.stage, gpus_per_node=args.gpus, nodes=args.nodes,
+                          precision=args.precision, offload_optimizer=args.offload_optimizer,
+                          offload_param=args.offload_param, micro_batch=args.micro_batch, seq_len=args.seq_len,
+                          activation_checkpointing=int(checkpointing) if checkpointing.isdigit() else checkpointing,
+                          loss=args.loss, kernels=args.kernels, optimizer=args.optimizer, ds_config=ds_config,
+                          engine=args.engine)
+    advice = est.advise(args.gpu_memory) if args.gpu_memory else None
+    if args.json:
+        out = est.as_dict()
+        out["total_per_gpu_gib"] = est.total_per_gpu_bytes / memory.GiB
+        if advice:
+            out["verdict"] = advice.as_dict()
+            out["fits"] = advice.fits_as_is
+        print(json.dumps(out, indent=1, default=str))
+    else:
+        print(format_table(est, advice))
+    return 0
+
+
+def format_table(est: memory.MemoryEstimate, advice=None) -> str:
+    """The estimate as a readable table (GiB = 2^30 bytes; the paper's GB are 10^9 bytes)."""
+    i = est.inputs
+    offload = ", ".join(f"{part} offload {i[f'offload_{part}']}" for part in ("optimizer", "param")
+                        if i[f"offload_{part}"]) or "no offload"
+    rows = [("parameters", f"{est.params:,}"),
+            ("setup", f"ZeRO-{i['stage']}, {i['gpus_per_node']} GPU(s) x {i['nodes']} node(s), {i['precision']}, "
+                      f"{offload}"),
+            ("batch", f"micro-batch {i['micro_batch']} x seq {i['seq_len']}, checkpointing "
+                      f"{i['activation_checkpointing']}, loss {i['loss']}, kernels {i['kernels']}"),
+            ("paper model states / GPU", _size(est.paper_model_states_per_gpu_bytes)),
+            ("DeepSpeed model states / GPU", _size(est.model_states_per_gpu_bytes)),
+            (f"peak / GPU (at {est.peak_phase})", _size(est.total_per_gpu_bytes)),
+            ("  parameters", _size(est.params_per_gpu_bytes)), ("  gradients", _size(est.grads_per_gpu_bytes)),
+            ("  optimizer states", _size(est.optimizer_per_gpu_bytes)),
+            ("  activations + loss", _size(est.activations_per_gpu_bytes)),
+            ("  DeepSpeed buffers", _size(est.buffers_per_gpu_bytes)),
+            ("host / node (offload)", _size(est.host_per_node_bytes))]
+    if est.nvme_per_node_bytes:
+        rows.append(("NVMe / node", _size(est.nvme_per_node_bytes)))
+    if advice is not None:
+        rows.append(("verdict", str(advice)))
+    rows += [("note", note) for note in est.notes]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def _size(n) -> str:
+    return f"{n / memory.GiB:>9,.2f} GiB  ({n / memory.GB:,.2f} GB)"

@@ -1,0 +1,118 @@
+"""The chapter-01 memory calculator: a stacked bar of the memory per GPU with the fit verdict, drawn by
+one function that both a plain call and the ipywidgets controls use (so a headless run draws the same
+chart as the widget's default state).
+
+    from labs import widgets
+    widgets.memory_bar()              # the default setting, as a plain figure
+    widgets.calculator()              # the same, with controls (in Jupyter)
+"""
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+
+from labs import memory
+
+DEFAULTS = dict(preset="qwen2.5-7b", stage=3, gpus=8, offload="none", precision="bf16", micro_batch=2,
+                seq_len=4096, checkpointing="none", loss="hf", gpu="H200")
+OFFLOADS = {"none": (None, None), "optimizer": ("cpu", None), "optimizer+params": ("cpu", "cpu")}
+PARTS = (("params", "parameters", "#4c72b0"), ("grads", "gradients", "#dd8452"),
+         ("optimizer", "optimizer states", "#55a868"), ("activations", "activations + loss", "#c44e52"),
+         ("buffers", "DeepSpeed buffers", "#8172b3"))
+
+
+def bar_data(**values) -> dict:
+    """The numbers the bar shows, for a setting (DEFAULTS overridden by `values`)."""
+    v = {**DEFAULTS, **values}
+    if v["offload"] not in OFFLOADS:
+        raise memory.LabsError(f"offload '{v['offload']}': choose one of {', '.join(OFFLOADS)}")
+    offload_optimizer, offload_param = OFFLOADS[v["offload"]]
+    checkpointing = int(v["checkpointing"]) if str(v["checkpointing"]).isdigit() else v["checkpointing"]
+    est = memory.estimate(v["preset"], stage=v["stage"], gpus_per_node=v["gpus"], precision=v["precision"],
+                          offload_optimizer=offload_optimizer, offload_param=offload_param if v["stage"] == 3 else None,
+                          micro_batch=v["micro_batch"], seq_len=v["seq_len"], activation_checkpointing=checkpointing,
+                          loss=v["loss"])
+    advice = est.advise(v["gpu"])
+    peak = est.phases[est.peak_phase]
+    return dict(setting=v, parts_gib={key: peak[key] / memory.GiB for key, _, _ in PARTS},
+                total_gib=est.total_per_gpu_bytes / memory.GiB,
+                paper_gib=est.paper_model_states_per_gpu_bytes / memory.GiB,
+                deepspeed_gib=est.model_states_per_gpu_bytes / memory.GiB,
+                host_gib=est.host_per_node_bytes / memory.GiB, peak_phase=est.peak_phase,
+                gpu_gib=advice.gpu_memory_bytes / memory.GiB, usable_gib=advice.usable_bytes / memory.GiB,
+                fits=advice.fits_as_is, verdict=str(advice))
+
+
+def memory_bar(ax=None, **values):
+    """Draw the stacked bar for a setting; returns (axes, bar_data)."""
+    data = bar_data(**values)
+    ax = ax or plt.subplots(figsize=(8, 2.8))[1]
+    left = 0.0
+    for key, label, color in PARTS:
+        width = data["parts_gib"][key]
+        ax.barh(1, width, left=left, color=color, label=f"{label} {width:.1f}")
+        left += width
+    ax.barh(0, data["paper_gib"], color="#999999", label=f"paper: model states only {data['paper_gib']:.1f}")
+    ax.axvline(data["gpu_gib"], color="black", lw=1.5)
+    ax.axvline(data["usable_gib"], color="black", ls="--", lw=1)
+    ax.text(data["gpu_gib"], 1.45, f" {data['setting']['gpu']}", va="center", fontsize=8)
+    s = data["setting"]
+    ax.set(yticks=[0, 1], yticklabels=["paper", f"peak ({data['peak_phase']})"], xlabel="GiB per GPU",
+           xlim=(0, max(data["total_gib"], data["gpu_gib"]) * 1.15), ylim=(-0.6, 1.7),
+           title=f"{s['preset']}, ZeRO-{s['stage']}, {s['gpus']} GPUs, offload {s['offload']}, {s['precision']}, "
+                 f"{s['micro_batch']} x {s['seq_len']} tokens, checkpointing {s['checkpointing']}, loss {s['loss']}\n"
+                 f"{'FITS' if data['fits'] else 'DOES NOT FIT'}: {data['verdict'].split(': ', 1)[1][:110]}")
+    ax.title.set_fontsize(8)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="GiB")
+    return ax, data
+
+
+class Calculator:
+    """ipywidgets controls around `memory_bar`. `.data` holds what the bar currently shows."""
+
+    def __init__(self, **values):
+        import ipywidgets as w
+
+        v = {**DEFAULTS, **values}
+        self.controls = dict(
+            preset=w.Dropdown(options=list(memory.models.PRESETS), value=v["preset"], description="preset"),
+            stage=w.Dropdown(options=[0, 1, 2, 3], value=v["stage"], description="ZeRO stage"),
+            gpus=w.Dropdown(options=[1, 2, 4, 8, 16, 32, 64, 128, 256], value=v["gpus"], description="GPUs"),
+            offload=w.Dropdown(options=list(OFFLOADS), value=v["offload"], description="offload"),
+            precision=w.Dropdown(options=list(memory.PRECISIONS), value=v["precision"], description="dtype"),
+            micro_batch=w.Dropdown(options=[1, 2, 4, 8, 16], value=v["micro_batch"], description="micro-batch"),
+            seq_len=w.Dropdown(options=[512, 1024, 2048, 4096, 8192, 16384, 32768], value=v["seq_len"],
+                               description="seq len"),
+            checkpointing=w.Dropdown(options=["none", "full", "4", "8", "14", "16"], value=str(v["checkpointing"]),
+                                     description="checkpoint"),
+            loss=w.Dropdown(options=["hf", "chunked", "liger"], value=v["loss"], description="loss"),
+            gpu=w.Dropdown(options=list(memory.GPUS), value=v["gpu"], description="GPU"))
+        self.output = w.Output()
+        for control in self.controls.values():
+            control.observe(lambda change: self.draw(), names="value")
+        self.widget = w.VBox([w.HBox(list(self.controls.values())[:5]), w.HBox(list(self.controls.values())[5:]),
+                              self.output], layout=w.Layout(flex_flow="column"))
+        for box in self.widget.children[:2]:
+            box.layout.flex_flow = "row wrap"
+        self.data = None
+        self.draw()
+
+    def values(self) -> dict:
+        return {name: control.value for name, control in self.controls.items()}
+
+    def draw(self):
+        from IPython.display import display
+
+        with self.output:
+            self.output.clear_output(wait=True)
+            ax, self.data = memory_bar(**self.values())
+            display(ax.figure)
+            plt.close(ax.figure)
+
+    def _ipython_display_(self):
+        from IPython.display import display
+
+        display(self.widget)
+
+
+def calculator(**values) -> Calculator:
+    return Calculator(**values)

@@ -1,0 +1,193 @@
+"""labs.memory proven against the ZeRO paper's Table 1 and DeepSpeed's own estimators; the CLI's contract."""
+import json
+from decimal import ROUND_HALF_UP, Decimal
+
+import pytest
+
+from conftest import run_labs
+from labs import memory, models
+
+# Rajbhandari et al. 2019 (arXiv:1910.02054), Table 1: per-device model-state memory in GB (10^9 bytes),
+# Psi = 7.5e9 / 128e9 / 1e12, K = 12, as printed. Columns: P_os (stage 1), P_os+g (2), P_os+g+p (3).
+ND = (1, 4, 16, 64, 256, 1024)
+TABLE1 = {
+    7.5e9: {1: ("120", "52.5", "35.6", "31.4", "30.4", "30.1"),
+            2: ("120", "41.3", "21.6", "16.6", "15.4", "15.1"),
+            3: ("120", "30", "7.5", "1.88", "0.47", "0.12")},
+    128e9: {1: ("2048", "896", "608", "536", "518", "513"),
+            2: ("2048", "704", "368", "284", "263", "257"),
+            3: ("2048", "512", "128", "32", "8", "2")},
+    1e12: {1: ("16000", "7000", "4750", "4187", "4046", "4011"),
+           2: ("16000", "5500", "2875", "2218", "2054", "2013"),
+           3: ("16000", "4000", "1000", "250", "62.5", "15.6")},
+}
+
+
+def _paper_gb(psi, stage, nd):
+    return memory.estimate(params=psi, stage=stage, gpus_per_node=nd).paper_model_states_per_gpu_bytes / 1e9
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_paper_table1_7p5b_every_stage_and_dp_degree(stage):
+    """The 7.5B column is rounded half-up to the digits printed (41.25 -> 41.3, 30.35 -> 30.4, 1.875 -> 1.88)."""
+    for nd, printed in zip(ND, TABLE1[7.5e9][stage]):
+        ours = Decimal(repr(_paper_gb(7.5e9, stage, nd)))
+        digits = Decimal(1).scaleb(Decimal(printed).as_tuple().exponent)
+        assert ours.quantize(digits, rounding=ROUND_HALF_UP) == Decimal(printed), (stage, nd, ours, printed)
+
+
+@pytest.mark.parametrize("psi", [128e9, 1e12])
+def test_paper_table1_larger_models_are_truncated_not_rounded(psi):
+    """The 128B and 1T columns print integers cut, not rounded: 257.75 -> 257, 4046.9 -> 4046."""
+    for stage in (1, 2, 3):
+        for nd, printed in zip(ND, TABLE1[psi][stage]):
+            ours = Decimal(repr(_paper_gb(psi, stage, nd)))
+            digits = Decimal(1).scaleb(Decimal(printed).as_tuple().exponent)
+            assert ours.quantize(digits, rounding="ROUND_DOWN") == Decimal(printed), (psi, stage, nd, ours)
+
+
+def test_paper_baseline_is_16_bytes_per_parameter_at_any_dp_degree():
+    for nd in ND:
+        assert _paper_gb(7.5e9, 0, nd) == 120
+
+
+def _deepspeed():
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+
+    return estimate_zero2_model_states_mem_needs, estimate_zero3_model_states_mem_needs
+
+
+CASES = [dict(preset="tiny"), dict(preset="qwen-7b"), dict(preset="qwen2.5-7b"),
+         dict(params=7.5e9, largest_layer=545_000_000), dict(params=1.3e9, largest_layer=100_000_000)]
+
+
+@pytest.mark.parametrize("model", CASES, ids=lambda m: m.get("preset") or f"{m['params']:.2g}")
+def test_model_states_equal_deepspeeds_own_estimators(model):
+    zero2, zero3 = _deepspeed()
+    params = memory.estimate(**model).params
+    largest = model.get("largest_layer") or memory.zero_layout.largest_layer_params(models.shape(model["preset"]))
+    for gpus, nodes in ((1, 1), (2, 1), (8, 1), (8, 4), (4, 16)):
+        for offload in (False, True):
+            est = memory.estimate(**model, stage=2, gpus_per_node=gpus, nodes=nodes,
+                                  offload_optimizer="cpu" if offload else None)
+            cpu, gpu = zero2(params, gpus, nodes, cpu_offload=offload)
+            assert (est.model_states_per_gpu_bytes, est.deepspeed_estimator["cpu"]) == (gpu, cpu), (gpus, nodes)
+            for offload_param in (False, True) if offload else (False,):
+                est = memory.estimate(**model, stage=3, gpus_per_node=gpus, nodes=nodes,
+                                      offload_optimizer="cpu" if offload else None,
+                                      offload_param="cpu" if offload_param else None)
+                cpu, gpu, _ = zero3(params, largest, gpus, nodes, cpu_offload=offload, cpu_offload_params=offload_param)
+                assert (est.model_states_per_gpu_bytes, est.deepspeed_estimator["cpu"]) == (gpu, cpu), \
+                    (gpus, nodes, offload, offload_param)
+
+
+def test_deepspeed_adds_fp32_gradients_and_the_largest_layer_to_the_paper():
+    """Where the two accountings differ: 18 vs 14 bytes per partitioned parameter at ZeRO-2 (the fp32 copy of
+    the gradient partition), and at ZeRO-3 18 vs 16 plus 4 bytes per parameter of the largest layer."""
+    psi, n = 7.5e9, 64
+    zero2 = memory.estimate(params=psi, stage=2, gpus_per_node=n)
+    assert zero2.model_states_per_gpu_bytes - zero2.paper_model_states_per_gpu_bytes == pytest.approx(4 * psi / n, 1e-9)
+    zero3 = memory.estimate(params=psi, stage=3, gpus_per_node=n, largest_layer=10 ** 9)
+    assert zero3.model_states_per_gpu_bytes - zero3.paper_model_states_per_gpu_bytes == \
+        pytest.approx(2 * psi / n + 4e9, 1e-9)
+
+
+def test_parameter_layout_matches_the_real_model():
+    """labs.layout lists the HF model's parameters in DeepSpeed's order, with the right sizes."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    for preset in ("tiny", "qwen2.5-7b"):
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(models.qwen2_config(preset))
+        real = [(n, p.numel()) for n, p in model.named_parameters()]
+        assert memory.zero_layout.param_layout(models.shape(preset)) == real
+        assert max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules()) == \
+            memory.zero_layout.largest_layer_params(models.shape(preset))
+
+
+def test_peak_parts_add_up_and_more_gpus_never_need_more_memory():
+    for stage in (0, 1, 2, 3):
+        totals = []
+        for gpus in (1, 2, 4, 8):
+            est = memory.estimate("qwen2.5-7b", stage=stage, gpus_per_node=gpus, micro_batch=2)
+            parts = (est.params_per_gpu_bytes, est.grads_per_gpu_bytes, est.optimizer_per_gpu_bytes,
+                     est.activations_per_gpu_bytes, est.buffers_per_gpu_bytes)
+            assert sum(parts) == est.total_per_gpu_bytes == est.phases[est.peak_phase]["total"]
+            totals.append(est.total_per_gpu_bytes)
+        assert totals == sorted(totals, reverse=True), (stage, totals)
+
+
+def test_checkpointing_and_fused_loss_shrink_activations():
+    est = {ck: memory.estimate("qwen2.5-7b", stage=3, gpus_per_node=8, micro_batch=2, activation_checkpointing=ck)
+           for ck in ("none", 14, "full")}
+    assert est["none"].total_per_gpu_bytes > est[14].total_per_gpu_bytes > est["full"].total_per_gpu_bytes
+    hf = memory.estimate("qwen2.5-7b", stage=3, gpus_per_node=8, micro_batch=2, activation_checkpointing="full")
+    liger = memory.estimate("qwen2.5-7b", stage=3, gpus_per_node=8, micro_batch=2, activation_checkpointing="full",
+                            loss="liger")
+    # the stock loss's three fp32 [8192, 152064] tensors: 14.9 GB, gone with the fused loss
+    assert hf.breakdown["loss"]["fp32 log-softmax output + its grad + grad of logits"] == 12 * 8192 * 152064
+    assert hf.total_per_gpu_bytes - liger.total_per_gpu_bytes > 10e9
+
+
+def test_offload_moves_states_to_the_host():
+    on_gpu = memory.estimate("qwen2.5-7b", stage=3, gpus_per_node=4, micro_batch=1)
+    offloaded = memory.estimate("qwen2.5-7b", stage=3, gpus_per_node=4, micro_batch=1, offload_optimizer="cpu",
+                                offload_param="cpu")
+    assert on_gpu.host_per_node_bytes == 0 and offloaded.optimizer_per_gpu_bytes == 0
+    # per rank: 4 master + 8 Adam + 4 fp32 grads + 2 bf16 grads + 2 bf16 params per partitioned parameter
+    assert offloaded.host_per_node_bytes == pytest.approx(20 * on_gpu.params, rel=0.01)
+
+
+def test_advice_finds_the_cheapest_change_that_fits():
+    advice = memory.estimate("qwen2.5-7b", stage=2, gpus_per_node=8, micro_batch=2).advise("A100-40GB")
+    assert not advice.fits_as_is and advice.suggestion is not None
+    assert advice.suggestion.fits(memory.gpu_bytes("A100-40GB"))
+    assert all(o["slowdown"] >= advice.slowdown for o in advice.options)
+    assert "cheapest change that fits" in str(advice)
+    assert memory.estimate("tiny", stage=3, gpus_per_node=2).advise("24GiB").fits_as_is
+
+
+def test_bad_inputs_raise_labs_errors():
+    from labs.errors import LabsError
+
+    for kwargs in (dict(preset="giant"), dict(), dict(params=7e9, stage=4), dict(params=7e9, gpus_per_node=0),
+                   dict(preset="tiny", activation_checkpointing="half"), dict(params=7e9, stage=2, offload_param="cpu"),
+                   dict(params=7e9, loss="fast"), dict(params=7e9, optimizer="adamax")):
+        with pytest.raises(LabsError):
+            memory.estimate(**kwargs)
+    with pytest.raises(LabsError):
+        memory.parse_bytes("80XB")
+    assert memory.parse_bytes("80GiB") == 80 * 2 ** 30 and memory.parse_bytes("141 GB") == 141 * 10 ** 9
+
+
+def test_cli_json():
+    result = run_labs("memory", "--preset", "qwen2.5-7b", "--stage", "3", "--gpus", "2", "--json",
+                      "--gpu-memory", "80GiB")
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    expected = memory.estimate("qwen2.5-7b", stage=3, gpus_per_node=2)
+    for key in ("model_states_per_gpu_bytes", "paper_model_states_per_gpu_bytes", "activations_per_gpu_bytes",
+                "total_per_gpu_bytes", "host_per_node_bytes"):
+        assert out[key] == getattr(expected, key), key
+    assert out["fits"] is False and "cheapest change" in out["verdict"]["verdict"]
+    table = run_labs("memory", "--params", "7.5e9", "--stage", "2", "--gpus", "64")
+    assert table.returncode == 0 and "paper model states / GPU" in table.stdout and "(16.64 GB)" in table.stdout
+
+
+@pytest.mark.parametrize("args,message", [
+    (("--preset", "tiny", "--stage", "7"), "ZeRO stage must be 0, 1, 2 or 3"),
+    (("--params", "lots"), "--params 'lots' is not a number"),
+    (("--preset", "tiny", "--params", "7e9"), "exactly one of --preset"),
+    (("--preset", "tiny", "--gpu-memory", "80XB"), "memory size '80XB'"),
+    (("--preset", "tiny", "--offload-optimizer", "disk"), "offload_optimizer 'disk'"),
+])
+def test_cli_bad_input_is_one_line_exit_2(args, message, capsys):
+    from labs import cli
+
+    code = cli.main(["memory", *args])        # what the `labs` entry point runs (in-process: no torch start-up)
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("labs: error: ") and message in lines[0], captured.err
+    assert captured.out == ""
