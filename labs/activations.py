@@ -154,3 +154,37 @@ def activation_bytes(dims: dict, micro_batch: int, seq_len: int, checkpointing="
             "checkpointed layer inputs": kept * checkpointed_layer_bytes_per_token(dims, dtype_bytes) * tokens,
             "final norm": final_norm_bytes_per_token(dims, kernels, dtype_bytes) * tokens,
             "token ids": 8 * tokens}
+
+
+def measure_saved(dims: dict, micro_batch: int, seq_len: int, device="cpu", dtype_bytes: int = 2) -> dict:
+    """Build the HF Qwen2 model for `dims` (use few layers: every layer is alike) on `device`, run one stock
+    forward + loss, and add up every storage autograd keeps for backward (parameters excluded), next to what
+    this module predicts for the same run. On a GPU host this checks the CUDA kernels' choices (flash SDPA,
+    GQA without repeated k/v) in seconds, without DeepSpeed."""
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    dtype = {2: torch.bfloat16, 4: torch.float32}[dtype_bytes]
+    torch.manual_seed(0)
+    config = Qwen2Config(**dims, use_cache=False, attention_dropout=0.0)
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa").to(device)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in params:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    ids = torch.randint(0, dims["vocab_size"], (micro_batch, seq_len), device=device)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(input_ids=ids, labels=ids).loss
+    tokens = micro_batch * seq_len
+    head_dim = dims["hidden_size"] // dims["num_attention_heads"]
+    predicted = (sum(activation_bytes(dims, micro_batch, seq_len, "none", "stock", dtype_bytes).values())
+                 + 4 * tokens * dims["vocab_size"]       # log_softmax's fp32 output, saved for its backward
+                 + 8 * (tokens + (micro_batch == 1)) + 4   # int64 targets (labels padded by one, a view when
+                                                           # micro_batch is 1, else a copy), total weight
+                 + 2 * seq_len * head_dim * dtype_bytes)   # RoPE cos and sin, shared by every layer
+    return dict(measured_bytes=sum(saved.values()), predicted_bytes=predicted, device=str(device))

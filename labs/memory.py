@@ -15,7 +15,7 @@ Three accountings, each proven by a test:
   18 instead of 14 per partitioned parameter at ZeRO-2) and, at ZeRO-3, the largest layer gathered whole
   with its gradient (4 bytes per parameter of that layer). Stages 0 and 1 have no DeepSpeed estimator;
   we apply the same rules (2 + 2 + 4 + 12 bytes, partitioned as the stage does).
-- The peak (`total_per_gpu_bytes`): the live bytes at four moments of a step (`phases`), from the code of
+- The peak (`total_per_gpu_bytes`): the live bytes at five moments of a step (`phases`), from the code of
   DeepSpeed 0.19 (stage_1_and_2.py, stage3.py, partitioned_param_coordinator.py), transformers' Qwen2 and
   torch's autograd; the largest wins (`peak_phase`). Its parts (params, grads, optimizer, activations,
   buffers) are those live at that moment, so they add up to the total. `resident_per_rank` is what each
@@ -23,7 +23,6 @@ Three accountings, each proven by a test:
 """
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import asdict, dataclass, field
 
@@ -40,10 +39,10 @@ OFFLOADS = (None, "none", "cpu", "nvme")
 DS_DEFAULTS = dict(reduce_bucket_size=5e8, allgather_bucket_size=5e8, overlap_comm=False, contiguous_gradients=True,
                    stage3_prefetch_bucket_size=5e7, stage3_param_persistence_threshold=1e5,
                    stage3_max_live_parameters=1e9, stage3_max_reuse_distance=1e9, sub_group_size=1e9)
-# Memory as nvidia-smi reports it (MiB); the H200 figure was read on this project's machines.
 # Where the parameter layout lives now (labs.layout); the old names keep working.
 param_layout, largest_layer_params = zero_layout.param_layout, zero_layout.largest_layer_params
 zero12_grad_elements, zero3_partition = zero_layout.zero12_grad_elements, zero_layout.zero3_partition
+# Memory as nvidia-smi reports it (MiB); the H200 figure was read on this project's machines.
 GPUS = {"H200": 143771 * 2 ** 20, "H100": 81559 * 2 ** 20, "A100-80GB": 81920 * 2 ** 20,
         "A100-40GB": 40960 * 2 ** 20, "RTX4090": 24564 * 2 ** 20, "RTX3090": 24576 * 2 ** 20, "V100-32GB": 32768 * 2 ** 20}
 
