@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 from pathlib import Path
 
 from labs.errors import LabsError
@@ -42,13 +43,25 @@ def precision(config: dict) -> str:
     return "fp32"
 
 
+PRECISIONS = ("bf16", "fp16", "fp32")
+
+
 def resolve(config: dict, *, world_size: int, micro_batch: int | None, grad_accum: int | None, steps: int,
             hidden_size: int, on_gpu: bool, lr: float | None = None, defaults: dict | None = None,
-            layer_granularity: int | None = None) -> dict:
+            layer_granularity: int | None = None, force_precision: str | None = None,
+            largest_param_numel: int | None = None) -> dict:
     """A copy of `config` with every "auto" replaced, batch sizes made consistent, and the adjustments a
     CPU run needs. `micro_batch`/`grad_accum`/`lr` come from the command line (None: not given); `defaults`
-    holds the preset's values used when neither the command line nor the file sets one."""
+    holds the preset's values used when neither the command line nor the file sets one. `force_precision`
+    ('fp32', 'bf16', 'fp16') overrides the file's bf16/fp16 sections (the chapters compare stages in fp32);
+    `largest_param_numel` sizes NVMe parameter buffers left "auto"."""
     config = copy.deepcopy(config)
+    if force_precision is not None:
+        if force_precision not in PRECISIONS:
+            raise LabsError(f"precision '{force_precision}': choose one of {', '.join(PRECISIONS)}")
+        for section in ("bf16", "fp16"):
+            if section in config or section == force_precision:
+                config[section] = {**config.get(section, {}), "enabled": section == force_precision}
     defaults = {"micro_batch": 1, "grad_accum": 1, "lr": 3e-4, **(defaults or {})}
     micro_batch = _pick(config, "train_micro_batch_size_per_gpu", micro_batch, "--micro-batch")
     grad_accum = _pick(config, "gradient_accumulation_steps", grad_accum, "--grad-accum")
@@ -101,6 +114,10 @@ def resolve(config: dict, *, world_size: int, micro_batch: int | None, grad_accu
                        "stage3_module_granularity_threshold": layer_granularity}.items():
         if zero.get(key) == "auto" and value is not None:
             zero[key] = value
+    offload_param = zero.get("offload_param") or {}
+    if offload_param.get("buffer_size") == "auto" and largest_param_numel:
+        # Each NVMe swap buffer must hold the largest parameter whole (DeepSpeed asserts it at start-up).
+        offload_param["buffer_size"] = int(largest_param_numel)
     for section in ("bf16", "fp16"):
         if config.get(section, {}).get("enabled") == "auto":
             config[section]["enabled"] = section == "bf16"
@@ -118,6 +135,63 @@ def resolve(config: dict, *, world_size: int, micro_batch: int | None, grad_accu
             raise LabsError("config key 'zero_optimization.offload_*.device' is \"nvme\": NVMe offload needs a "
                             "GPU host with libaio; use \"cpu\" here")
     return config
+
+
+def check_nvme_paths(config: dict):
+    """NVMe offload writes swap files under `nvme_path`: it must be an existing, writable folder."""
+    for part in ("optimizer", "param"):
+        section = config.get("zero_optimization", {}).get(f"offload_{part}") or {}
+        if section.get("device") != "nvme":
+            continue
+        path = Path(str(section.get("nvme_path", "")))
+        if not path.is_dir() or not os.access(path, os.W_OK):
+            raise LabsError(f"config key 'zero_optimization.offload_{part}.nvme_path' is '{path}', which is not a "
+                            "writable folder here; point it at a folder on a local NVMe drive")
+
+
+def diff(old: dict, new: dict) -> list[str]:
+    """What changed from config `old` to config `new`, one line per dotted key:
+    '+ key: value' (added), '- key: value' (removed), '~ key: old -> new' (changed)."""
+    before, after = _flatten(old), _flatten(new)
+    lines = []
+    for key in list(after) + [k for k in before if k not in after]:
+        if key not in before:
+            lines.append(f"+ {key}: {json.dumps(after[key])}")
+        elif key not in after:
+            lines.append(f"- {key}: {json.dumps(before[key])}")
+        elif before[key] != after[key]:
+            lines.append(f"~ {key}: {json.dumps(before[key])} -> {json.dumps(after[key])}")
+    return lines
+
+
+def variant(config: dict, changes: dict) -> dict:
+    """A copy of `config` with dotted keys set, e.g. {"zero_optimization.overlap_comm": False}; a value
+    None removes the key."""
+    config = copy.deepcopy(config)
+    for dotted, value in changes.items():
+        *parents, leaf = dotted.split(".")
+        node = config
+        for part in parents:
+            node = node.setdefault(part, {})
+        if value is None:
+            node.pop(leaf, None)
+        else:
+            node[leaf] = value
+    return config
+
+
+def write(config: dict, path) -> Path:
+    """Write a config as plain JSON (what `labs.launch.run(config=...)` reads)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(config, indent=1) + "\n")
+    return path
+
+
+def _flatten(node, prefix="") -> dict:
+    if isinstance(node, dict) and node:
+        return {key: value for k, v in node.items() for key, value in _flatten(v, f"{prefix}{k}.").items()}
+    return {prefix[:-1]: node}
 
 
 def _pick(config: dict, key: str, given, flag: str):

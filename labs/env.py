@@ -12,9 +12,11 @@ import sys
 import torch
 
 
-def repaired_environment(nproc: int, cpu_offload: bool, base: dict | None = None) -> tuple[dict, list[str]]:
+def repaired_environment(nproc: int, cpu_offload: bool, base: dict | None = None,
+                         cores: int | None = None) -> tuple[dict, list[str]]:
     """A copy of the environment for the ranks, with known traps fixed; returns it and what changed.
-    Everything else (NCCL_NVLS_ENABLE=0 and the like) is inherited unchanged."""
+    Everything else (NCCL_NVLS_ENABLE=0 and the like) is inherited unchanged. `cores` defaults to this
+    machine's (give another to see what a bigger host would get)."""
     env = dict(os.environ if base is None else base)
     changes = []
     arch = env.get("TORCH_CUDA_ARCH_LIST", "")
@@ -23,7 +25,7 @@ def repaired_environment(nproc: int, cpu_offload: bool, base: dict | None = None
         # DeepSpeed 0.19's JIT builder reads '9.0a' as an int and crashes while building FusedAdam.
         env["TORCH_CUDA_ARCH_LIST"] = fixed
         changes.append(f"TORCH_CUDA_ARCH_LIST {arch!r} -> {fixed!r} (DeepSpeed's op builder cannot parse 'a')")
-    cores = os.cpu_count() or 1
+    cores = cores or os.cpu_count() or 1
     threads = max(1, cores // max(1, nproc))
     if "OMP_NUM_THREADS" not in env or (cpu_offload and env["OMP_NUM_THREADS"] == "1" and threads > 1):
         # torchrun sets OMP_NUM_THREADS=1 for several ranks; CPU-Adam then steps on one core.

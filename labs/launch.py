@@ -58,7 +58,8 @@ class Run:
 
 def prepare(preset="tiny", config="ds_configs/zero3.json", steps=30, out="runs/demo", nproc=None, model_path=None,
             seed=0, micro_batch=None, grad_accum=None, seq_len=None, lr=None, data_path=None, loss="hf",
-            activation_checkpointing="none", warmup_steps=2, engine="deepspeed", stock=False, kernels="stock"):
+            activation_checkpointing="none", warmup_steps=2, engine="deepspeed", stock=False, kernels="stock",
+            precision=None):
     """Check every input before anything is written; return (spec, resolved DeepSpeed config)."""
     models.check_preset(preset)
     if engine not in ("deepspeed", "fsdp2"):
@@ -82,7 +83,12 @@ def prepare(preset="tiny", config="ds_configs/zero3.json", steps=30, out="runs/d
     defaults = models.DEFAULTS.get(preset, {})
     resolved = ds_config_lib.resolve(raw, world_size=nproc, micro_batch=micro_batch, grad_accum=grad_accum,
                                      steps=steps, hidden_size=dims["hidden_size"], on_gpu=on_gpu, lr=lr,
-                                     defaults=defaults, layer_granularity=models.decoder_layer_granularity(dims))
+                                     defaults=defaults, layer_granularity=models.decoder_layer_granularity(dims),
+                                     force_precision=precision,
+                                     largest_param_numel=max(dims["vocab_size"], dims["intermediate_size"]) *
+                                     dims["hidden_size"])
+    if on_gpu:
+        ds_config_lib.check_nvme_paths(resolved)
     spec = dict(preset=preset, config=str(config), steps=steps, seed=seed, nproc=nproc, model_path=model_path,
                 seq_len=seq_len or defaults["seq_len"], data=data_path, loss=loss, dims=dims,
                 activation_checkpointing=str(activation_checkpointing), warmup_steps=warmup_steps, engine=engine,

@@ -136,8 +136,20 @@ def build(preset: str, ds_config: dict, device: torch.device, model_path=None, s
     if model_path:
         return AutoModelForCausalLM.from_pretrained(check_model_path(model_path), dtype=dtype,
                                                     attn_implementation="sdpa").to(device)
-    with torch.device(device):
-        return AutoModelForCausalLM.from_config(qwen2_config(preset), dtype=dtype, attn_implementation="sdpa")
+    # Initialise the way HF does under ZeRO-3 (skip torch's default init, then the model's own init in the
+    # same module order), so one seed gives the same weights at every ZeRO stage.
+    with torch.device(device), _no_init_weights():
+        model = AutoModelForCausalLM.from_config(qwen2_config(preset), dtype=dtype, attn_implementation="sdpa")
+    model.init_weights()
+    return model
+
+
+def _no_init_weights():
+    try:
+        from transformers.initialization import no_init_weights
+    except ImportError:          # transformers 4.x
+        from transformers.modeling_utils import no_init_weights
+    return no_init_weights()
 
 
 def decoder_layers(model) -> nn.ModuleList:

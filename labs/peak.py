@@ -25,7 +25,7 @@ def deepspeed(params, layout, dims, stage, world, d, mixed, state_bytes, offload
               acts):
     """Returns (phases, resident_per_rank, host_bytes_per_rank, nvme_bytes_per_rank)."""
     # ---- what each rank holds for good once the first step has run
-    master = 4 if (mixed or stage in (1, 2)) else 0             # fp32 ZeRO-1/2 still clone an fp32 partition
+    master = 4 if (mixed or stage >= 1) else 0                 # fp32 ZeRO-1/2/3 still clone an fp32 partition
     bucket = d * knobs["reduce_bucket_size"]
     if stage == 3:
         z3 = zero_layout.zero3_partition(layout, world, knobs["stage3_param_persistence_threshold"],

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from labs import data, metrics, models, probe
+from labs import buffers, comm, data, metrics, models, probe
 
 
 def main(run_dir: Path):
@@ -31,12 +31,15 @@ def main(run_dir: Path):
     device = torch.device("cuda", local_rank) if on_gpu else torch.device("cpu")
 
     models.use_kernels(spec["kernels"])
+    # Counts what every collective moves (installed before the engine: DeepSpeed keeps references to them).
+    counter = comm.CollectiveCounter().install()
     if spec["engine"] == "fsdp2":
         from labs import fsdp
 
         engine = fsdp.initialize(spec, ds_config, device)
     else:
         engine = _deepspeed_engine(spec, ds_config, device, on_gpu)
+    watch = buffers.BufferWatch(engine) if spec["engine"] == "deepspeed" else None   # ZeRO's working buffers
 
     # Model states (+ DeepSpeed's persistent buffers) before any activation exists: what labs.memory predicts
     # as the static part of the peak.
@@ -53,6 +56,7 @@ def main(run_dir: Path):
     writer = metrics.JsonlWriter(run_dir / "metrics.jsonl") if rank == 0 else None
     progress = Progress(spec["steps"], rank, spec.get("progress", "bar"))
     step_times, losses = [], []
+    counter.drop()   # set-up traffic (initial weights broadcast or partitioned) is not part of a step
     for step in range(1, spec["steps"] + 1):
         _sync(on_gpu)
         start = time.perf_counter()
@@ -66,19 +70,24 @@ def main(run_dir: Path):
             loss_sum += loss.detach().float()
         _sync(on_gpu)
         seconds = time.perf_counter() - start
+        step_comm = counter.take()
         peak_bytes, memory_kind = metrics.peak_memory_bytes()
         # One small all-gather per step: every rank's loss and peak memory reach rank 0.
         mine = torch.tensor([loss_sum.item() / accumulation, float(peak_bytes)], device=device, dtype=torch.float64)
         everyone = [torch.zeros_like(mine) for _ in range(world_size)]
         dist.all_gather(everyone, mine)
+        counter.drop()   # that gather is labs' bookkeeping, not training
         if rank == 0:
             record = _step_record(step, seconds, everyone, engine, tokens_per_step, flops_per_step, world_size, peak)
             record["memory_kind"] = memory_kind
+            record["comm"] = step_comm
             writer.write(record)
             step_times.append(seconds)
             losses.append(record["loss"])
             progress.update(record)
     progress.close()
+    comm_totals = _gather_objects(counter.totals, world_size)
+    zero_buffers = _gather_objects(watch.report() if watch else None, world_size)
 
     per_rank = _gather_objects(dict(state_bytes=state_bytes, allocated_after_init=allocated_after_init,
                                     peak_reserved=torch.cuda.max_memory_reserved() if on_gpu else None), world_size)
@@ -86,6 +95,8 @@ def main(run_dir: Path):
         writer.close()
         summary = _summary(spec, ds_config, step_times, losses, run_dir, tokens_per_step, flops_per_step,
                            world_size, peak, per_rank, dims)
+        summary["comm_totals"] = comm_totals   # per rank: {collective: {"calls", "bytes"}} over all steps
+        summary["zero_buffers"] = zero_buffers  # per rank: labs.buffers.BufferWatch.report()
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     dist.barrier()
     dist.destroy_process_group()   # without it a rank can abort at exit ("terminate called ...")

@@ -1,0 +1,138 @@
+"""What ranks send each other: a counter on torch.distributed's collectives, and the ZeRO paper's
+per-step volumes to compare it with.
+
+    counter = CollectiveCounter().install()   # before deepspeed.init_distributed: DeepSpeed keeps references
+    ...one training step...
+    counter.take()   # {"all_gather": {"calls": 12, "bytes": 39291136}, "reduce_scatter": {...}, ...}
+
+Every collective is counted by its payload: the bytes of the whole (unsharded) tensor it works on, whatever
+the algorithm underneath. The ZeRO paper's communication volume per rank then counts an all-reduce twice
+(a reduce-scatter followed by an all-gather) and every other collective once; a ring algorithm puts
+(N-1)/N of that volume on each rank's wire.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import threading
+
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+# torch.distributed function -> (the kind it is counted as, how to find its full payload in its arguments).
+# Payload arguments: a tensor, or a list of tensors that together make the whole.
+COLLECTIVES = {
+    "all_reduce": ("all_reduce", "tensor"),
+    "all_reduce_coalesced": ("all_reduce", "tensors"),
+    "reduce": ("reduce", "tensor"),
+    "broadcast": ("broadcast", "tensor"),
+    "all_gather": ("all_gather", "tensor_list"),
+    "all_gather_into_tensor": ("all_gather", "output_tensor"),
+    "_all_gather_base": ("all_gather", "output_tensor"),
+    "all_gather_coalesced": ("all_gather", "output_tensor_lists"),
+    "reduce_scatter": ("reduce_scatter", "input_list"),
+    "reduce_scatter_tensor": ("reduce_scatter", "input"),
+    "_reduce_scatter_base": ("reduce_scatter", "input"),
+    "all_to_all_single": ("all_to_all", "input"),
+    "all_to_all": ("all_to_all", "input_tensor_list"),
+}
+# ZeRO paper accounting: an all-reduce is a reduce-scatter plus an all-gather of the same payload.
+VOLUME_FACTOR = {"all_reduce": 2, "reduce_scatter": 1, "all_gather": 1, "reduce": 1, "broadcast": 1, "all_to_all": 1}
+
+
+def payload_bytes(value) -> int:
+    """Bytes of a tensor, or of every tensor in a (nested) list."""
+    if isinstance(value, (list, tuple)):
+        return sum(payload_bytes(v) for v in value)
+    return value.numel() * value.element_size() if value is not None else 0
+
+
+class CollectiveCounter:
+    """Counts calls and payload bytes of torch.distributed collectives in this process, by kind.
+    Only the outermost call counts: torch's own wrappers (e.g. _all_gather_base) call other collectives."""
+
+    def __init__(self):
+        self.pending: dict[str, dict] = {}
+        self.totals: dict[str, dict] = {}
+        self._originals: dict[str, object] = {}
+        self._depth = threading.local()
+
+    def install(self) -> "CollectiveCounter":
+        for name, (kind, argument) in COLLECTIVES.items():
+            original = getattr(dist, name, None)
+            if original is None or name in self._originals:
+                continue
+            self._originals[name] = original
+            wrapper = self._wrap(original, kind, argument)
+            for namespace in (dist, c10d):
+                if getattr(namespace, name, None) is original:
+                    setattr(namespace, name, wrapper)
+        return self
+
+    def uninstall(self):
+        for name, original in self._originals.items():
+            for namespace in (dist, c10d):
+                if getattr(getattr(namespace, name, None), "__wrapped__", None) is original:
+                    setattr(namespace, name, original)
+        self._originals.clear()
+
+    def _wrap(self, original, kind, argument):
+        signature = inspect.signature(original)
+
+        @functools.wraps(original)
+        def counted(*args, **kwargs):
+            depth = getattr(self._depth, "value", 0)
+            if depth == 0:
+                bound = signature.bind(*args, **kwargs)
+                entry = self.pending.setdefault(kind, {"calls": 0, "bytes": 0})
+                entry["calls"] += 1
+                entry["bytes"] += payload_bytes(bound.arguments.get(argument))
+            self._depth.value = depth + 1
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self._depth.value = depth
+
+        return counted
+
+    def take(self) -> dict:
+        """What was counted since the last take() or drop(); it also adds to `totals`."""
+        taken, self.pending = self.pending, {}
+        for kind, entry in taken.items():
+            total = self.totals.setdefault(kind, {"calls": 0, "bytes": 0})
+            total["calls"] += entry["calls"]
+            total["bytes"] += entry["bytes"]
+        return taken
+
+    def drop(self):
+        """Forget what was counted since the last take(): labs' own bookkeeping, not training."""
+        self.pending = {}
+
+
+# ---------------------------------------------------------------------------------------------- accounting
+def volume_bytes(counts: dict) -> int:
+    """The ZeRO paper's communication volume of some counted collectives (all-reduce counted twice)."""
+    return sum(VOLUME_FACTOR[kind] * entry["bytes"] for kind, entry in counts.items())
+
+
+def wire_bytes(counts: dict, world_size: int) -> float:
+    """Bytes each rank sends with ring algorithms: (N-1)/N of the volume."""
+    return volume_bytes(counts) * (world_size - 1) / world_size
+
+
+def paper_volume_elements(stage: int, params: int) -> int:
+    """Per rank per step, in elements (ZeRO paper, section 7): data parallelism all-reduces the gradients
+    (2 Psi); ZeRO-1 and -2 reduce-scatter gradients and all-gather updated parameters (Psi + Psi); ZeRO-3
+    all-gathers parameters for forward and again for backward and reduce-scatters gradients (3 Psi)."""
+    if stage not in (0, 1, 2, 3):
+        raise ValueError(f"ZeRO stage must be 0, 1, 2 or 3, not {stage!r}")
+    return (3 if stage == 3 else 2) * params
+
+
+def per_step(records: list[dict], skip: int = 1) -> dict:
+    """Mean counts per step from metrics records that carry "comm" (the first `skip` steps left out:
+    the first ZeRO-3 step also records the order in which parameters are fetched)."""
+    kept = [r["comm"] for r in records if "comm" in r][skip:] or [r["comm"] for r in records if "comm" in r]
+    kinds = sorted({kind for counts in kept for kind in counts})
+    return {kind: {field: sum(c.get(kind, {}).get(field, 0) for c in kept) / len(kept) for field in ("calls", "bytes")}
+            for kind in kinds}

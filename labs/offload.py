@@ -1,0 +1,106 @@
+"""ZeRO-Offload seen from the host: where a run's tensors live (accelerator or host memory), how fast
+DeepSpeed's CPU Adam steps with a given number of threads, and whether NVMe offload can run here.
+
+    offload.placement_rows({"zero3": run, ...})        # bytes per category on the device and on the host
+    offload.cpu_adam_step_seconds(threads=1)            # one CPU Adam step over 20 M fp32 parameters
+    offload.nvme_ready()                                # (False, "no GPU here ...")
+
+    python -m labs.offload cpu-adam NUMEL STEPS         # the benchmark's child process (prints one JSON line)
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+
+def placement_rows(runs: dict, rank=0) -> list[dict]:
+    """Per run and category (labs.probe, after the last backward): bytes in accelerator memory and in host
+    memory on one rank. On a machine without a GPU the accelerator is the CPU: everything is host memory."""
+    rows = []
+    for name, run in runs.items():
+        state = run.summary["state_bytes"][rank]
+        for category in ("params", "grads", "optimizer"):
+            by_device = state["by_device"][category]
+            rows.append(dict(run=name, category=category, host_bytes=by_device.get("cpu", 0),
+                             device_bytes=sum(b for d, b in by_device.items() if d != "cpu")))
+    return rows
+
+
+OFFLOADS = (("none", None, None), ("optimizer", "cpu", None), ("optimizer + params", "cpu", "cpu"))
+
+
+def scenario_rows(preset: str, gpus: int, gpu: str, stage=3, **options) -> list[dict]:
+    """labs.memory's verdict for each offload setting: peak bytes per GPU, fits or not, host bytes per node."""
+    from labs import memory
+
+    rows = []
+    for label, optimizer, param in OFFLOADS:
+        if param and stage != 3:
+            continue
+        estimate = memory.estimate(preset, stage=stage, gpus_per_node=gpus, offload_optimizer=optimizer,
+                                   offload_param=param, **options)
+        rows.append(dict(setup=f"{preset}, {gpus} x {gpu}, ZeRO-{stage}", offload=label,
+                         gpu_bytes=estimate.total_per_gpu_bytes, fits=estimate.fits(memory.GPUS[gpu]),
+                         host_bytes=estimate.host_per_node_bytes))
+    return rows
+
+
+def cpu_adam_step_seconds(threads: int, numel: int = 20_000_000, steps: int = 5) -> float:
+    """Median seconds of one DeepSpeedCPUAdam step over `numel` fp32 parameters, in a fresh process whose
+    OMP_NUM_THREADS is `threads` (the variable a launcher sets, read once when OpenMP starts)."""
+    from labs.env import repaired_environment
+
+    env = dict(repaired_environment(1, cpu_offload=True)[0], OMP_NUM_THREADS=str(threads), PYTHONWARNINGS="ignore")
+    result = subprocess.run([sys.executable, "-m", "labs.offload", "cpu-adam", str(numel), str(steps)], env=env,
+                            capture_output=True, text=True, timeout=900)
+    if result.returncode != 0:
+        raise RuntimeError(f"the CPU Adam benchmark failed:\n{result.stderr[-3000:]}")
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["threads"] == threads, f"the child ran {report['threads']} threads, not {threads}"
+    return report["median_s"]
+
+
+def _cpu_adam_benchmark(numel: int, steps: int) -> dict:
+    import torch
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+    param = torch.nn.Parameter(torch.zeros(numel))
+    param.grad = torch.full((numel,), 1e-3)
+    optimizer = DeepSpeedCPUAdam([param], lr=1e-3)
+    optimizer.step()                        # first step: state allocation and first touch of its pages
+    seconds = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        optimizer.step()
+        seconds.append(time.perf_counter() - start)
+    return dict(median_s=statistics.median(seconds), threads=torch.get_num_threads(), numel=numel)
+
+
+def nvme_ready() -> tuple[bool, str]:
+    """Can ZeRO-Infinity's NVMe offload run here? It needs a GPU and DeepSpeed's async I/O op (libaio)."""
+    if not _has_gpu():
+        return False, ("no GPU here: DeepSpeed's NVMe offload swaps through GPU-side buffers, and labs refuses "
+                       "\"nvme\" without one")
+    os.environ.setdefault("DS_ACCELERATOR", "cuda")
+    from deepspeed.accelerator import get_accelerator
+
+    builder = get_accelerator().create_op_builder("AsyncIOBuilder")
+    if builder is None or not builder.is_compatible(verbose=False):
+        return False, "DeepSpeed's async I/O op cannot be built here: install libaio (apt install libaio-dev)"
+    return True, "GPU and async I/O op available"
+
+
+def _has_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 4 or sys.argv[1] != "cpu-adam":
+        sys.exit("usage: python -m labs.offload cpu-adam NUMEL STEPS")
+    print(json.dumps(_cpu_adam_benchmark(int(sys.argv[2]), int(sys.argv[3]))))

@@ -1,0 +1,134 @@
+"""The ZeRO-stages chapter's experiments: one real launch per stage on the same seed and data, and what to
+read off the runs: the losses, the bytes each rank holds, the bytes each rank moves per step, and what
+DeepSpeed's buffer knobs cost.
+
+    runs = stages.run_stages(RUNS / "02_zero_stages", steps=20)     # {0: Run, 1: Run, 2: Run, 3: Run}
+    stages.loss_differences(runs)                                    # {1: 4.8e-06, 2: ..., 3: ...} vs stage 0
+    print(stages.table(stages.comm_rows(runs), stages.COMM_COLUMNS))
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from labs import CONFIGS, comm
+from labs import config as ds_config_lib
+
+STAGE_FILES = {0: "zero0_ddp.json", 1: "zero1.json", 2: "zero2.json", 3: "zero3.json"}
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+def run_stages(out, steps=20, precision="fp32", stages=(0, 1, 2, 3), **launch_options) -> dict:
+    """One launch per ZeRO stage from ds_configs/, same preset, seed and data; returns {stage: Run}.
+    `precision` overrides the files' bf16 (fp32 by default: then the stages must agree to rounding)."""
+    return {stage: _launch(Path(out) / f"zero{stage}", CONFIGS / STAGE_FILES[stage], steps, precision,
+                           f"ZeRO-{stage} ({STAGE_FILES[stage]})", launch_options) for stage in stages}
+
+
+def run_configs(out, files: dict, steps=8, precision=None, **launch_options) -> dict:
+    """files: {name: file in ds_configs/}; one launch each, as the files say unless `precision` is given."""
+    return {name: _launch(Path(out) / name, CONFIGS / file, steps, precision, f"{name} ({file})", launch_options)
+            for name, file in files.items()}
+
+
+def run_variants(out, variants: dict, steps=3, precision="fp32", **launch_options) -> dict:
+    """variants: {name: (base file in ds_configs/, {dotted key: value})}. Each variant's config is written
+    to <out>/configs/<name>.json (so it can be read and rerun) and launched; returns {name: Run}."""
+    runs = {}
+    for name, (base, changes) in variants.items():
+        config = ds_config_lib.variant(ds_config_lib.load(CONFIGS / base), changes)
+        path = ds_config_lib.write(config, Path(out) / "configs" / f"{name}.json")
+        runs[name] = _launch(Path(out) / name, path, steps, precision, f"{name}", launch_options)
+    return runs
+
+
+def _launch(out, config, steps, precision, label, options):
+    from labs import launch
+
+    options = {"preset": "tiny", **options}
+    print(f"{label}: {steps} steps of '{options['preset']}' on 2 ranks ...", end=" ", flush=True)
+    start = time.perf_counter()
+    run = launch.run(config=config, steps=steps, out=out, precision=precision, stream=False, **options)
+    print(f"done in {time.perf_counter() - start:.0f} s", flush=True)
+    return run
+
+
+# ---------------------------------------------------------------------------------------------- the math
+def loss_differences(runs: dict, reference=None) -> dict:
+    """Largest absolute difference of the per-step loss from the reference run's, for every other run."""
+    reference = next(iter(runs)) if reference is None else reference
+    base = runs[reference].losses
+    return {name: max(abs(a - b) for a, b in zip(run.losses, base)) for name, run in runs.items()
+            if name != reference}
+
+
+# ---------------------------------------------------------------------------------------------- held bytes
+def state_rows(runs: dict) -> list[dict]:
+    """Per stage, rank and category: bytes the rank's engine held (labs.probe, after the last backward)
+    next to labs.memory's prediction for the same run."""
+    from labs import probe
+
+    return [row for run in runs.values() for row in probe.compare(run)]
+
+
+def mismatches(runs: dict, rows: list[dict], tolerance=0.01, rank=0) -> list[str]:
+    """For each category whose measurement is off the prediction by more than `tolerance`, the tensors the
+    probe found there (its largest ones), so the gap can be read off by name."""
+    lines = []
+    for row in rows:
+        if row["rank"] != rank or row["ratio"] is None or abs(row["ratio"] - 1) <= tolerance:
+            continue
+        state = next(r for r in runs.values() if r.summary["zero_stage"] == row["stage"]).summary["state_bytes"][rank]
+        lines.append(f"ZeRO-{row['stage']} {row['category']}: measured {row['measured_bytes']:,} bytes, "
+                     f"predicted {row['predicted_bytes']:,}; the largest tensors found there:")
+        lines += [f"    {t['what']}: {t['bytes']:,} bytes ({t['dtype']})" for t in state["largest"]
+                  if t["category"] == row["category"]]
+    return lines or [f"every category within {tolerance:.0%} of the prediction"]
+
+
+# ---------------------------------------------------------------------------------------------- moved bytes
+def comm_rows(runs: dict, skip=1) -> list[dict]:
+    """Per run: payload bytes per step of each collective on rank 0 (mean over the steps after `skip`),
+    the ZeRO paper's volume, and both in units of Psi x bytes per element."""
+    rows = []
+    for name, run in runs.items():
+        summary = run.summary
+        per_step = comm.per_step(run.metrics, skip=skip)
+        psi_bytes = summary["params"] * DTYPE_BYTES[summary["precision"]]
+        volume = comm.volume_bytes(per_step)
+        row = dict(run=name, stage=summary["zero_stage"], psi_bytes=psi_bytes, volume_bytes=volume,
+                   volume_psi=volume / psi_bytes,
+                   paper_psi=comm.paper_volume_elements(summary["zero_stage"], 1),
+                   wire_bytes=comm.wire_bytes(per_step, summary["world_size"]))
+        for kind in comm.VOLUME_FACTOR:
+            row[f"{kind}_bytes"] = per_step.get(kind, {}).get("bytes", 0)
+            row[f"{kind}_calls"] = per_step.get(kind, {}).get("calls", 0)
+        rows.append(row)
+    return rows
+
+
+def knob_rows(runs: dict, skip=1) -> list[dict]:
+    """Per run: what DeepSpeed's knobs decide, measured on rank 0 (labs.buffers) and by the comm counter."""
+    rows = []
+    for row, run in zip(comm_rows(runs, skip), runs.values()):
+        buffers = run.summary["zero_buffers"][0]
+        zero = run.ds_config["zero_optimization"]
+        rows.append(dict(row, bucket_bytes=buffers["bucket_bytes"],
+                         gathered_peak_elements=buffers["gathered_peak_elements"],
+                         persistent_elements=buffers["persistent_elements"],
+                         reduce_bucket_size=zero.get("reduce_bucket_size"),
+                         overlap_comm=zero.get("overlap_comm", False),
+                         contiguous_gradients=zero.get("contiguous_gradients", True)))
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------- printing
+def table(rows: list[dict], columns: list[tuple]) -> str:
+    """A plain-text table: columns are (header, key or function of the row, format spec)."""
+    cells = [[header for header, _, _ in columns]]
+    for row in rows:
+        cells.append([format(key(row) if callable(key) else row[key], spec) for _, key, spec in columns])
+    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
+    lines = ["  ".join(cell.rjust(width) for cell, width in zip(line, widths)) for line in cells]
+    lines.insert(1, "  ".join("-" * width for width in widths))
+    return "\n".join(lines)
