@@ -86,3 +86,20 @@ def test_variant_sets_and_removes_dotted_keys_without_touching_the_input():
                                 "aio.queue_depth": 4})
     assert out == {"zero_optimization": {"stage": 2, "reduce_bucket_size": 7}, "aio": {"queue_depth": 4}}
     assert base == {"zero_optimization": {"stage": 2, "overlap_comm": True}}
+
+
+def test_lesson_configs_share_everything_but_their_lesson():
+    """Chapter 2 compares stages on 'the same math': every lesson file must carry the same optimizer, schedule,
+    batch keys, clipping and precision, so that a difference between runs is the lesson's own keys."""
+    import json
+
+    from labs import CONFIGS
+
+    shared = ("optimizer", "scheduler", "train_batch_size", "train_micro_batch_size_per_gpu",
+              "gradient_accumulation_steps", "gradient_clipping", "bf16")
+    files = sorted(CONFIGS.glob("*.json"))
+    first = json.loads(files[0].read_text())
+    for path in files[1:]:
+        config = json.loads(path.read_text())
+        for key in shared:
+            assert config.get(key) == first.get(key), (path.name, key)
