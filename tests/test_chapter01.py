@@ -32,21 +32,11 @@ def test_exercises_check_answers(capsys):
         exercises.check("99.9", 1)
 
 
-def test_gpu_results_are_compared_with_the_prediction_for_that_run(tmp_path):
-    """A run folder committed from a GPU host (fake numbers here): measured peak vs labs.memory.from_run."""
-    from labs import CONFIGS, config, models
+def test_gpu_results_are_compared_with_the_prediction_for_that_run():
+    """Chapter 01's GPU table: one row per valid case in results/gpu, measured peak over labs.memory's prediction."""
+    from labs import results
 
-    folder = tmp_path / "h200_zero3"
-    folder.mkdir()
-    ds = config.resolve(config.load(CONFIGS / "zero3.json"), world_size=2, micro_batch=2, grad_accum=None, steps=5, hidden_size=3584, on_gpu=True)
-    spec = dict(dims=models.shape("qwen2.5-7b"), nproc=2, seq_len=4096, loss="hf", activation_checkpointing="none",
-                engine="deepspeed")
-    (folder / "run.json").write_text(json.dumps(spec))
-    (folder / "ds_config.json").write_text(json.dumps(ds))
-    predicted = memory.from_run(folder).total_per_gpu_bytes
-    (folder / "summary.json").write_text(json.dumps(dict(memory_kind="cuda_max_memory_allocated", device="H200",
-                                                         peak_memory_bytes=[int(predicted * 1.02), 5])))
-    (rows,) = memory_plots.gpu_comparisons(tmp_path)
-    assert rows["name"] == "h200_zero3" and rows["ratio"] == pytest.approx(1.02, rel=1e-6)
-    assert predicted == memory.estimate("qwen2.5-7b", stage=3, gpus_per_node=2, micro_batch=2,
-                                        ds_config=ds).total_per_gpu_bytes
+    rows = memory_plots.gpu_comparisons()
+    assert len(rows) == len(results.rows(results.load_all())) >= 10
+    assert all(0.9 <= row["ratio"] <= 1.1 for row in rows), [(r["name"], r["ratio"]) for r in rows]
+    assert all(row["device"].endswith("NVIDIA H200") for row in rows)
