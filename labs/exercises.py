@@ -18,7 +18,7 @@ from labs.errors import LabsError
 class Exercise:
     id: str
     question: str
-    expected: Callable[[], float]     # computes the answer
+    expected: Callable[[], float | str]   # computes the answer: a number, or a word/key for a choice
     unit: str
     rel: float = 0.01                 # relative tolerance
     hint: str = ""
@@ -39,12 +39,19 @@ def check(id: str, answer) -> bool:
     if id not in EXERCISES:
         raise LabsError(f"unknown exercise '{id}'; known: {', '.join(EXERCISES)}")
     ex = EXERCISES[id]
+    if answer is None:
+        print(f"{id} not answered yet. Hint: {ex.hint}")
+        return False
+    want = ex.expected()
+    if isinstance(want, str):      # a choice: compare words, ignoring case, quotes and a trailing ': value'
+        ok = str(answer).strip().strip('"').split(":")[0].strip().lower() == want.lower()
+        print(f"{id} correct: {want}" if ok else f"{id} not yet: '{answer}' is not it. Hint: {ex.hint}")
+        return ok
     try:
         given = float(answer)
     except (TypeError, ValueError):
         print(f"{id} not a number: give your answer in {ex.unit} as a number, e.g. check('{id}', 12.5)")
         return False
-    want = ex.expected()
     ok = abs(given - want) <= ex.rel * abs(want)
     if ok:
         print(f"{id} correct: {_fmt(want)} {ex.unit}")
@@ -113,4 +120,4 @@ def _fewest_gpus():
     raise AssertionError("no GPU count up to 64 fits")
 
 
-from labs import exercises_gpu  # noqa: E402,F401  (registers chapter 09's exercises)
+from labs import exercises_gpu, exercises_zero  # noqa: E402,F401  (register chapters 02, 03 and 09)

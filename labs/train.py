@@ -219,3 +219,9 @@ if __name__ == "__main__":
         # The launcher shows the first rank that failed with its own traceback (others fail in its wake).
         (run_dir / f"rank{os.environ.get('RANK', '0')}.err").write_text(traceback.format_exc())
         raise
+    # Every file is written and the process group is gone: leave without the interpreter's shutdown, where a C++
+    # thread left joinable by a CPU backend (gloo, DeepSpeed's shm comm op) now and then aborts the process
+    # ("terminate called without an active exception", exit -6) after all the work is done.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

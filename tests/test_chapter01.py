@@ -1,6 +1,5 @@
 """Chapter 01's helpers: the calculator draws what a plain call draws, exercises check answers, GPU results
 are compared with the prediction for the same run."""
-import json
 
 import matplotlib
 import pytest
