@@ -59,7 +59,7 @@ class Run:
 def prepare(preset="tiny", config="ds_configs/zero3.json", steps=30, out="runs/demo", nproc=None, model_path=None,
             seed=0, micro_batch=None, grad_accum=None, seq_len=None, lr=None, data_path=None, loss="hf",
             activation_checkpointing="none", warmup_steps=2, engine="deepspeed", stock=False, kernels="stock",
-            precision=None):
+            precision=None, instrument=False):
     """Check every input before anything is written; return (spec, resolved DeepSpeed config)."""
     models.check_preset(preset)
     if engine not in ("deepspeed", "fsdp2"):
@@ -92,7 +92,7 @@ def prepare(preset="tiny", config="ds_configs/zero3.json", steps=30, out="runs/d
     spec = dict(preset=preset, config=str(config), steps=steps, seed=seed, nproc=nproc, model_path=model_path,
                 seq_len=seq_len or defaults["seq_len"], data=data_path, loss=loss, dims=dims,
                 activation_checkpointing=str(activation_checkpointing), warmup_steps=warmup_steps, engine=engine,
-                stock=stock, kernels=kernels, precision=ds_config_lib.precision(resolved), out=str(Path(out)))
+                stock=stock, kernels=kernels, instrument=bool(instrument), precision=ds_config_lib.precision(resolved), out=str(Path(out)))
     return spec, resolved
 
 

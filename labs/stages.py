@@ -48,7 +48,9 @@ def _launch(out, config, steps, precision, label, options):
     options = {"preset": "tiny", **options}
     print(f"{label}: {steps} steps of '{options['preset']}' on 2 ranks ...", end=" ", flush=True)
     start = time.perf_counter()
-    run = launch.run(config=config, steps=steps, out=out, precision=precision, stream=False, **options)
+    # instrument: the rank loop counts collective bytes and watches ZeRO's buffers (off in plain `labs train`)
+    run = launch.run(config=config, steps=steps, out=out, precision=precision, stream=False, instrument=True,
+                     **options)
     print(f"done in {time.perf_counter() - start:.0f} s", flush=True)
     return run
 

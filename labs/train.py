@@ -31,15 +31,17 @@ def main(run_dir: Path):
     device = torch.device("cuda", local_rank) if on_gpu else torch.device("cpu")
 
     models.use_kernels(spec["kernels"])
-    # Counts what every collective moves (installed before the engine: DeepSpeed keeps references to them).
-    counter = comm.CollectiveCounter().install()
+    # Chapter instruments, off by default because they cost time in the hot path (the buffer watch walks every
+    # parameter after each ZeRO-3 fetch): a counter of the bytes every collective moves (installed before the
+    # engine, which keeps references to the collectives) and a watch on ZeRO's working buffers.
+    counter = comm.CollectiveCounter().install() if spec["instrument"] else None
     if spec["engine"] == "fsdp2":
         from labs import fsdp
 
         engine = fsdp.initialize(spec, ds_config, device)
     else:
         engine = _deepspeed_engine(spec, ds_config, device, on_gpu)
-    watch = buffers.BufferWatch(engine) if spec["engine"] == "deepspeed" else None   # ZeRO's working buffers
+    watch = buffers.BufferWatch(engine) if spec["instrument"] and spec["engine"] == "deepspeed" else None
 
     # Model states (+ DeepSpeed's persistent buffers) before any activation exists: what labs.memory predicts
     # as the static part of the peak.
@@ -56,7 +58,8 @@ def main(run_dir: Path):
     writer = metrics.JsonlWriter(run_dir / "metrics.jsonl") if rank == 0 else None
     progress = Progress(spec["steps"], rank, spec.get("progress", "bar"))
     step_times, losses = [], []
-    counter.drop()   # set-up traffic (initial weights broadcast or partitioned) is not part of a step
+    if counter:
+        counter.drop()   # set-up traffic (initial weights broadcast or partitioned) is not part of a step
     for step in range(1, spec["steps"] + 1):
         _sync(on_gpu)
         start = time.perf_counter()
@@ -65,29 +68,33 @@ def main(run_dir: Path):
             loss = engine(next(batches).to(device))
             engine.backward(loss)
             if step == spec["steps"] and micro_step == accumulation - 1:
-                state_bytes = probe.engine_state_bytes(engine)   # gradients and optimizer states both live
+                probe_start = time.perf_counter()   # gradients and optimizer states both live now
+                state_bytes = probe.engine_state_bytes(engine)
+                start += time.perf_counter() - probe_start   # the probe's own time is not training time
             engine.step()
             loss_sum += loss.detach().float()
         _sync(on_gpu)
         seconds = time.perf_counter() - start
-        step_comm = counter.take()
+        step_comm = counter.take() if counter else None
         peak_bytes, memory_kind = metrics.peak_memory_bytes()
         # One small all-gather per step: every rank's loss and peak memory reach rank 0.
         mine = torch.tensor([loss_sum.item() / accumulation, float(peak_bytes)], device=device, dtype=torch.float64)
         everyone = [torch.zeros_like(mine) for _ in range(world_size)]
         dist.all_gather(everyone, mine)
-        counter.drop()   # that gather is labs' bookkeeping, not training
+        if counter:
+            counter.drop()   # that gather is labs' bookkeeping, not training
         if rank == 0:
             record = _step_record(step, seconds, everyone, engine, tokens_per_step, flops_per_step, world_size, peak)
             record["memory_kind"] = memory_kind
-            record["comm"] = step_comm
+            if counter:
+                record["comm"] = step_comm
             writer.write(record)
             step_times.append(seconds)
             losses.append(record["loss"])
             progress.update(record)
     progress.close()
-    comm_totals = _gather_objects(counter.totals, world_size)
-    zero_buffers = _gather_objects(watch.report() if watch else None, world_size)
+    comm_totals = _gather_objects(counter.totals, world_size) if counter else None
+    zero_buffers = _gather_objects(watch.report() if watch else None, world_size) if counter else None
 
     per_rank = _gather_objects(dict(state_bytes=state_bytes, allocated_after_init=allocated_after_init,
                                     peak_reserved=torch.cuda.max_memory_reserved() if on_gpu else None), world_size)
