@@ -42,7 +42,7 @@ book: $(STAMP)
 	$(VENV)/bin/jupyter-book build -W --keep-going book/
 
 lab: $(STAMP)
-	$(VENV)/bin/jupyter lab --ServerApp.ip=127.0.0.1 --notebook-dir=.
+	$(VENV)/bin/jupyter lab --ServerApp.ip=127.0.0.1 --notebook-dir=. $(if $(filter 0,$(shell id -u)),--allow-root)
 
 clean:
 	rm -rf runs book/_build
