@@ -1,8 +1,6 @@
 """Figures and tables of chapter 01 (memory math), drawn from labs.memory and from measured runs."""
 from __future__ import annotations
 
-import json
-from pathlib import Path
 
 import matplotlib.pyplot as plt
 

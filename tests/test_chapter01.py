@@ -6,7 +6,7 @@ import pytest
 
 matplotlib.use("Agg")
 
-from labs import exercises, memory, memory_plots, widgets  # noqa: E402
+from labs import exercises, memory_plots, widgets  # noqa: E402
 from labs.errors import LabsError  # noqa: E402
 
 

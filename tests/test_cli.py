@@ -1,7 +1,6 @@
 """Bad input: one clear line naming the key or path, exit code 2, no run folder left behind."""
 import json
 
-import pytest
 
 from conftest import ROOT, run_labs
 
