@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # Knobs for `make train` (GPU host defaults differ; see README).
 GPU := $(shell [ -x $(PY) ] && $(PY) -c "import torch; print(int(torch.cuda.is_available()))" 2>/dev/null || echo 0)
 PRESET ?= $(if $(filter 1,$(GPU)),qwen2.5-7b,tiny)
-CONFIG ?= ds_configs/zero3.json
+CONFIG ?= zero3.json
 STEPS ?= $(if $(filter 1,$(GPU)),20,30)
 NPROC ?=
 OUT ?= runs/train
@@ -15,7 +15,7 @@ LOSS ?= $(if $(filter 1,$(GPU)),liger,hf)
 KERNELS ?= $(if $(filter 1,$(GPU)),liger,stock)
 CHECKPOINTING ?= $(if $(filter 1,$(GPU)),full,none)
 
-.PHONY: train test unit notebooks book lab clean
+.PHONY: train test unit notebooks book lab execute clean
 
 $(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -40,6 +40,9 @@ notebooks: $(STAMP)
 book: $(STAMP)
 	rm -rf book/_build
 	$(VENV)/bin/jupyter-book build -W --keep-going book/
+
+execute: $(STAMP)   # re-run chapters in place (NOTEBOOKS="notebooks/01_memory_math.ipynb ..." for some)
+	$(PY) tools/execute_notebooks.py $(NOTEBOOKS)
 
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab --ServerApp.ip=127.0.0.1 --notebook-dir=. $(if $(filter 0,$(shell id -u)),--allow-root)

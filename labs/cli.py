@@ -5,6 +5,7 @@ import argparse
 import json
 import sys
 
+from labs import resolve
 from labs.errors import LabsError, RankFailed
 
 
@@ -16,7 +17,9 @@ class _Parser(argparse.ArgumentParser):
 def _train_args(sub):
     p = sub.add_parser("train", help="launch a training run and wait for it")
     p.add_argument("--preset", default="tiny", help="tiny | qwen-7b | qwen2.5-7b (default tiny)")
-    p.add_argument("--config", default="ds_configs/zero3.json", help="DeepSpeed JSON config")
+    p.add_argument("--config", default=resolve.DEFAULT_CONFIG,
+                   help="DeepSpeed JSON config: a path, or a file name in the course's ds_configs/ "
+                        f"(default {resolve.DEFAULT_CONFIG})")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--out", default="runs/demo", help="run folder to write (replaced when the run succeeds)")
     p.add_argument("--nproc", type=int, help="ranks on this host (default: all GPUs, or 2 CPU ranks)")
@@ -45,10 +48,11 @@ def main(argv=None) -> int:
     p.add_argument("--seq-len", type=int)
     p.add_argument("--micro-batch", type=int)
     p.add_argument("--out", help="JSON result file (written after every case)")
+    p.add_argument("--work", help="folder for the cases' run folders (default: a new temporary folder)")
     p.add_argument("--quiet", action="store_true")
     p = sub.add_parser("env", help="environment report with fixes")
     p.add_argument("--json", action="store_true")
-    from labs import memory_cli
+    from labs.memory import cli as memory_cli
     memory_cli.add_parser(sub)
     try:
         args = parser.parse_args(argv)
@@ -69,13 +73,14 @@ def _dispatch(args) -> int:
         run = launch.run(stream=not args.quiet, **options)
         s = run.summary
         print(f"done: {s['steps']} steps, loss {s['first_loss']:.3f} -> {s['final_loss']:.3f} (mean of last 5), "
-              f"{s['tokens_per_s_per_gpu']:,.0f} tokens/s per rank, run folder {run.path}")
+              f"{s['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU ({s['timing']}), run folder {run.path}")
         return 0
     if args.command == "bench":
         from labs import bench
 
         result = bench.run_cases(args.cases.split(","), preset=args.preset, steps=args.steps, seq_len=args.seq_len,
-                                 micro_batch=args.micro_batch, out=args.out, stream=not args.quiet)
+                                 micro_batch=args.micro_batch, out=args.out, work=args.work,
+                                 stream=not args.quiet)
         print(bench.format_table(result))
         return 0
     if args.command == "env":
@@ -85,7 +90,7 @@ def _dispatch(args) -> int:
         print(json.dumps(info, indent=1) if args.json else env.format_report(info))
         return 0
     if args.command == "memory":
-        from labs import memory_cli
+        from labs.memory import cli as memory_cli
 
         return memory_cli.run(args)
     raise LabsError(f"unknown command {args.command}")

@@ -120,3 +120,14 @@ def format_report(info: dict) -> str:
                                for op, ok in info["deepspeed_ops"].items()))
     lines += [f"problem: {p}" for p in info["problems"]] or ["no problems found"]
     return "\n".join(lines)
+
+
+def versions() -> dict:
+    """The versions a result depends on (recorded in every summary and bench result)."""
+    found = {"python": platform.python_version(), "torch": torch.__version__}
+    for name in ("deepspeed", "transformers", "accelerate", "liger-kernel", "triton"):
+        if _version(name):
+            found[name] = _version(name)
+    if torch.cuda.is_available():
+        found["cuda"] = torch.version.cuda
+    return found

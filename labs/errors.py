@@ -7,3 +7,10 @@ class LabsError(Exception):
 
 class RankFailed(RuntimeError):
     """A training rank died; the message carries that rank's own traceback."""
+
+
+def check_choice(what: str, value, choices):
+    """`value` if it is one of `choices`, else a LabsError that lists them."""
+    if value not in choices:
+        raise LabsError(f"unknown {what} '{value}'; choose one of: {', '.join(map(str, choices))}")
+    return value

@@ -47,22 +47,17 @@ class Fsdp2Engine:
 
 def initialize(spec: dict, ds_config: dict, device: torch.device) -> Fsdp2Engine:
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-    from transformers import AutoModelForCausalLM
 
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     mesh = torch.distributed.device_mesh.init_device_mesh(device.type, (dist.get_world_size(),))
-    torch.manual_seed(spec["seed"])
-    # Built whole in fp32 on the device, then sharded: simple, and fine while one model fits one device's memory
-    # for a moment (7B fp32: 30 GB). Larger models would start on the meta device instead.
-    with torch.device(device):
-        if spec["model_path"]:
-            hf = AutoModelForCausalLM.from_pretrained(spec["model_path"], dtype=torch.float32)
-        else:
-            hf = AutoModelForCausalLM.from_config(models.qwen2_config(spec["preset"]), dtype=torch.float32,
-                                                  attn_implementation="sdpa")
+    # Built whole in fp32 on the device (FSDP2 keeps fp32 shards and casts per layer for compute), with the same
+    # seed and init order as the DeepSpeed engines, then sharded: simple, and fine while one model fits one
+    # device's memory for a moment (7B fp32: 30 GB). Larger models would start on the meta device instead.
+    hf = models.build(spec["preset"], dtype=torch.float32, device=device, seed=spec["seed"],
+                      model_path=spec["model_path"])
     models.checkpoint_layers(hf, spec["activation_checkpointing"])
     module = models.CausalLM(hf, loss=spec["loss"])
-    bf16 = ds_config.get("bf16", {}).get("enabled") is True
+    bf16 = spec["precision"] == "bf16"
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else \
         MixedPrecisionPolicy()
     for layer in models.decoder_layers(hf):

@@ -2,7 +2,7 @@
 and publish the run folder only when every rank finished.
 
     from labs import launch
-    run = launch.run(preset="tiny", config="ds_configs/zero3.json", steps=30, out="runs/demo")
+    run = launch.run(preset="tiny", config="zero3.json", steps=30, out="runs/demo")   # a labs.runfolder.Run
     run.summary["final_loss"], run.metrics[-1]
 
 Without a GPU it starts 2 CPU ranks (gloo, DS_ACCELERATOR=cpu); with GPUs, one rank per GPU (NCCL).
@@ -12,61 +12,40 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from labs import config as ds_config_lib
-from labs import data, metrics, models
+from labs import config as config_lib
+from labs import data, models, resolve, runfolder
 from labs.env import repaired_environment
-from labs.errors import LabsError, RankFailed
+from labs.errors import LabsError, RankFailed, check_choice
+from labs.runfolder import Run
+
+ENGINES = ("deepspeed", "fsdp2")
+# What the rank loop can measure besides training (labs.instruments): the engine's tensors after the last backward,
+# the bytes every collective moves, ZeRO's working buffers. Named here so bad names fail before any rank starts.
+INSTRUMENTS = ("state_bytes", "comm", "zero_buffers")
 
 
-@dataclass
-class Run:
-    """A finished run folder: its inputs, per-step metrics and summary."""
-    path: Path
-
-    def __post_init__(self):
-        self.path = Path(self.path)
-
-    @property
-    def metrics(self) -> list[dict]:
-        return metrics.read_jsonl(self.path / "metrics.jsonl")
-
-    @property
-    def summary(self) -> dict:
-        return json.loads((self.path / "summary.json").read_text())
-
-    @property
-    def spec(self) -> dict:
-        return json.loads((self.path / "run.json").read_text())
-
-    @property
-    def ds_config(self) -> dict:
-        return json.loads((self.path / "ds_config.json").read_text())
-
-    @property
-    def losses(self) -> list[float]:
-        return [m["loss"] for m in self.metrics]
-
-
-def prepare(preset="tiny", config="ds_configs/zero3.json", steps=30, out="runs/demo", nproc=None, model_path=None,
+def prepare(preset="tiny", config=resolve.DEFAULT_CONFIG, steps=30, out="runs/demo", nproc=None, model_path=None,
             seed=0, micro_batch=None, grad_accum=None, seq_len=None, lr=None, data_path=None, loss="hf",
             activation_checkpointing="none", warmup_steps=2, engine="deepspeed", stock=False, kernels="stock",
-            precision=None, instrument=False):
-    """Check every input before anything is written; return (spec, resolved DeepSpeed config)."""
+            precision=None, instruments=("state_bytes",)):
+    """Check every input before anything is written; return (spec, resolved DeepSpeed config).
+    `instruments` names what the rank loop measures besides training (INSTRUMENTS)."""
     models.check_preset(preset)
-    if engine not in ("deepspeed", "fsdp2"):
-        raise LabsError(f"unknown engine '{engine}'; choose deepspeed or fsdp2")
+    check_choice("engine", engine, ENGINES)
+    check_choice("loss", loss, models.LOSSES)
+    check_choice("kernels", kernels, models.KERNELS)
+    for name in instruments:
+        check_choice("instrument", name, INSTRUMENTS)
     if not isinstance(steps, int) or steps < 1:
         raise LabsError(f"--steps must be a positive integer, not {steps!r}")
-    raw = ds_config_lib.load(config)
+    raw = config_lib.load(config)
     dims = models.shape(preset)
     if model_path is not None:
         model_path = str(models.check_model_path(model_path).resolve())
@@ -74,25 +53,18 @@ def prepare(preset="tiny", config="ds_configs/zero3.json", steps=30, out="runs/d
     if data_path is not None:
         data_path = str(Path(data_path).resolve())
         data.check_path(data_path)
-    if loss not in models.LOSSES:
-        raise LabsError(f"unknown loss '{loss}'; choose one of: {', '.join(models.LOSSES)}")
-    if kernels not in models.KERNELS:
-        raise LabsError(f"unknown kernels '{kernels}'; choose one of: {', '.join(models.KERNELS)}")
+    models.checkpointed_layers(activation_checkpointing, dims["num_hidden_layers"])
     on_gpu = torch.cuda.is_available()
     nproc = nproc or (torch.cuda.device_count() if on_gpu else 2)
-    defaults = models.DEFAULTS.get(preset, {})
-    resolved = ds_config_lib.resolve(raw, world_size=nproc, micro_batch=micro_batch, grad_accum=grad_accum,
-                                     steps=steps, hidden_size=dims["hidden_size"], on_gpu=on_gpu, lr=lr,
-                                     defaults=defaults, layer_granularity=models.decoder_layer_granularity(dims),
-                                     force_precision=precision,
-                                     largest_param_numel=max(dims["vocab_size"], dims["intermediate_size"]) *
-                                     dims["hidden_size"])
+    resolved = resolve.ds_config(raw, world_size=nproc, dims=dims, steps=steps, on_gpu=on_gpu, preset=preset,
+                                 micro_batch=micro_batch, grad_accum=grad_accum, lr=lr, precision=precision)
     if on_gpu:
-        ds_config_lib.check_nvme_paths(resolved)
-    spec = dict(preset=preset, config=str(config), steps=steps, seed=seed, nproc=nproc, model_path=model_path,
-                seq_len=seq_len or defaults["seq_len"], data=data_path, loss=loss, dims=dims,
-                activation_checkpointing=str(activation_checkpointing), warmup_steps=warmup_steps, engine=engine,
-                stock=stock, kernels=kernels, instrument=bool(instrument), precision=ds_config_lib.precision(resolved), out=str(Path(out)))
+        config_lib.check_nvme_paths(resolved)
+    spec = dict(preset=preset, config=str(config_lib.find(config)), steps=steps, seed=seed, nproc=nproc,
+                model_path=model_path, seq_len=seq_len or resolve.run_defaults(preset)["seq_len"], data=data_path,
+                loss=loss, dims=dims, activation_checkpointing=str(activation_checkpointing),
+                warmup_steps=warmup_steps, engine=engine, stock=stock, kernels=kernels, instruments=list(instruments),
+                precision=config_lib.precision(resolved), out=str(Path(out)))
     return spec, resolved
 
 
@@ -102,11 +74,9 @@ def run(out="runs/demo", stream=True, **kwargs) -> Run:
     spec, resolved = prepare(out=out, **kwargs)
     spec["progress"] = "bar" if sys.stdout.isatty() else "lines"
     out = Path(out)
-    work = (out.parent / f".{out.name}.partial").resolve()
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
+    work = runfolder.partial_folder(out)
     try:
-        env, repairs = repaired_environment(spec["nproc"], ds_config_lib.offloads(resolved)["optimizer"] == "cpu")
+        env, repairs = repaired_environment(spec["nproc"], config_lib.offloads(resolved)["optimizer"] == "cpu")
         env = _with_labs_importable(env)
         command = launcher_command(spec["nproc"], work)
         (work / "run.json").write_text(json.dumps(spec, indent=1) + "\n")
@@ -122,9 +92,9 @@ def run(out="runs/demo", stream=True, **kwargs) -> Run:
         code = _stream(command, env, work / "launch.log", echo=stream)
         if code != 0:
             raise RankFailed(_failure_message(work, code))
-        _publish(work, out)
+        runfolder.publish(work, out)
     except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
+        runfolder.discard(work)
         raise
     return Run(out)
 
@@ -134,7 +104,7 @@ def launcher_command(nproc: int, run_dir: Path) -> list[str]:
     labs.multinode writes the multi-host commands.)"""
     # --standalone: torchrun's own rendezvous on a port it holds open, so concurrent launches never collide.
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-            "-m", "labs.train", str(run_dir)]
+            "-m", "labs.rank", str(run_dir)]
 
 
 def _stream(command, env, log_path, echo) -> int:
@@ -156,16 +126,6 @@ def _failure_message(work: Path, code: int) -> str:
             errors[0].read_text()
     tail = (work / "launch.log").read_bytes()[-4000:].decode("utf-8", "replace")
     return f"the launcher exited with code {code} before any rank reported an error; its output ended:\n{tail}"
-
-
-def _publish(work: Path, out: Path):
-    """Swap the finished folder into place; an older run at the same path goes only now."""
-    old = out.parent / f".{out.name}.old"
-    shutil.rmtree(old, ignore_errors=True)
-    if out.exists():
-        out.rename(old)
-    work.rename(out)
-    shutil.rmtree(old, ignore_errors=True)
 
 
 def _hf_config(model_path):

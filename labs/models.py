@@ -9,7 +9,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from labs.errors import LabsError
+from labs.errors import LabsError, check_choice
 
 # Dimensions only. `tiny` keeps Qwen's real vocabulary (the real tokenizer emits ids up to 151,850), so
 # its embedding dominates: 9.7 M of its 9.9 M parameters. That is also true in spirit of the 7B models,
@@ -27,15 +27,11 @@ PRESETS: dict[str, dict] = {
                        intermediate_size=18944, vocab_size=152064, tie_word_embeddings=False,
                        max_position_embeddings=32768),
 }
-# What a run of each preset uses when the command line and config say nothing.
-DEFAULTS = {"tiny": dict(seq_len=64, micro_batch=2, lr=5e-3), "qwen-7b": dict(seq_len=4096, micro_batch=2),
-            "qwen2.5-7b": dict(seq_len=4096, micro_batch=2)}
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 def check_preset(name: str) -> str:
-    if name not in PRESETS:
-        raise LabsError(f"unknown preset '{name}'; choose one of: {', '.join(PRESETS)}")
-    return name
+    return check_choice("preset", name, PRESETS)
 
 
 def check_model_path(path) -> Path:
@@ -105,30 +101,27 @@ def use_kernels(kernels: str):
     """'liger': swap HF Qwen2's RMSNorm, SwiGLU MLP and rotary embedding for Liger Kernel's Triton versions
     (patched into the modeling module, so call before building). Fewer kernel launches, and the fused
     RMSNorm / SwiGLU save fewer activations for backward."""
-    if kernels not in KERNELS:
-        raise LabsError(f"unknown kernels '{kernels}'; choose one of: {', '.join(KERNELS)}")
-    if kernels == "liger":
+    if check_choice("kernels", kernels, KERNELS) == "liger":
         from liger_kernel.transformers import apply_liger_kernel_to_qwen2
 
         apply_liger_kernel_to_qwen2(rope=True, rms_norm=True, swiglu=True, cross_entropy=False,
                                     fused_linear_cross_entropy=False)
 
 
-def build(preset: str, ds_config: dict, device: torch.device, model_path=None, seed: int = 0):
-    """The HF Qwen2ForCausalLM for this run. Under ZeRO-3 it is created inside `deepspeed.zero.Init`
-    (through HF's integration), so each rank only ever holds its own shard: a 7B model never
-    materialises whole. Otherwise it is created directly on `device` in the training dtype."""
+def build(preset: str, *, dtype: torch.dtype, device: torch.device, seed: int = 0, model_path=None,
+          zero3_config: dict | None = None):
+    """The HF Qwen2ForCausalLM for a run, the one way every engine gets its model. With `zero3_config` (a resolved
+    ZeRO-3 DeepSpeed config) it is created inside `deepspeed.zero.Init` through HF's integration, so each rank only
+    ever holds its own shard: a 7B model never materialises whole. Otherwise it is created on `device` in `dtype`
+    (FSDP2 asks for fp32 and shards it afterwards). One seed gives the same weights either way."""
     global _hf_ds_config
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    stage = ds_config.get("zero_optimization", {}).get("stage", 0)
-    dtype = torch.bfloat16 if ds_config.get("bf16", {}).get("enabled") else \
-        torch.float16 if ds_config.get("fp16", {}).get("enabled") else torch.float32
-    if stage == 3:
+    if zero3_config is not None:
         from transformers.integrations import HfDeepSpeedConfig
 
-        _hf_ds_config = HfDeepSpeedConfig(ds_config)
+        _hf_ds_config = HfDeepSpeedConfig(zero3_config)
         if model_path:
             return AutoModelForCausalLM.from_pretrained(check_model_path(model_path), dtype=dtype,
                                                         attn_implementation="sdpa")
@@ -137,7 +130,7 @@ def build(preset: str, ds_config: dict, device: torch.device, model_path=None, s
         return AutoModelForCausalLM.from_pretrained(check_model_path(model_path), dtype=dtype,
                                                     attn_implementation="sdpa").to(device)
     # Initialise the way HF does under ZeRO-3 (skip torch's default init, then the model's own init in the
-    # same module order), so one seed gives the same weights at every ZeRO stage.
+    # same module order), so one seed gives the same weights at every ZeRO stage and under FSDP2.
     with torch.device(device), _no_init_weights():
         model = AutoModelForCausalLM.from_config(qwen2_config(preset), dtype=dtype, attn_implementation="sdpa")
     model.init_weights()
@@ -156,17 +149,25 @@ def decoder_layers(model) -> nn.ModuleList:
     return model.model.layers
 
 
-def checkpoint_layers(model, how: str) -> int:
+def checkpointed_layers(how, num_layers: int) -> int:
+    """How many decoder layers activation checkpointing covers: 'none' -> 0, 'full' -> all, a number k (int or
+    string) -> the first k. The one parser of the setting: training, the memory model and the advisor use it."""
+    if how in (None, "none"):
+        return 0
+    if how == "full":
+        return num_layers
+    if isinstance(how, bool) or not str(how).isdigit() or int(how) > num_layers:
+        raise LabsError(f"activation checkpointing '{how}': use none, full, or a number of layers from 0 to "
+                        f"{num_layers}")
+    return int(how)
+
+
+def checkpoint_layers(model, how) -> int:
     """Activation checkpointing on decoder layers: 'none', 'full' (every layer) or a number k (the first k
     layers: selective checkpointing, spend memory on the rest to skip their recompute). Each chosen
     layer keeps only its input and recomputes its forward during backward. Returns how many layers."""
     layers = decoder_layers(model)
-    count = {"none": 0, "full": len(layers)}.get(how)
-    if count is None:
-        if not str(how).isdigit() or int(how) > len(layers):
-            raise LabsError(f"--activation-checkpointing '{how}': use none, full, or a number of layers "
-                            f"from 0 to {len(layers)}")
-        count = int(how)
+    count = checkpointed_layers(how, len(layers))
     for layer in list(layers)[:count]:
         forward = layer.forward
 
@@ -180,6 +181,7 @@ def checkpoint_layers(model, how: str) -> int:
 
 # ---------------------------------------------------------------------------------------------- the loss
 LOSSES = ("hf", "chunked", "liger")
+CHUNK_TOKENS = 4096      # loss="chunked": logits made and dropped this many tokens at a time
 
 
 class CausalLM(nn.Module):
@@ -192,10 +194,9 @@ class CausalLM(nn.Module):
     The head weight is used outside `lm_head.forward` by the last two, so under ZeRO-3 it is registered as
     an external parameter of this module: DeepSpeed then gathers it for our forward and reduces its grad."""
 
-    def __init__(self, hf_model, loss: str = "hf", chunk_tokens: int = 4096):
+    def __init__(self, hf_model, loss: str = "hf", chunk_tokens: int = CHUNK_TOKENS):
         super().__init__()
-        if loss not in LOSSES:
-            raise LabsError(f"unknown loss '{loss}'; choose one of: {', '.join(LOSSES)}")
+        check_choice("loss", loss, LOSSES)
         self.hf, self.loss, self.chunk_tokens = hf_model, loss, chunk_tokens
         weight = hf_model.lm_head.weight
         if loss != "hf" and hasattr(weight, "ds_id"):

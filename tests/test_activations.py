@@ -1,8 +1,8 @@
 """labs.activations against what autograd really saves in the HF Qwen2 model (saved-tensor hooks, CPU)."""
 import pytest
 
-from labs import activations as act
 from labs import models
+from labs.memory import activations as act
 
 DIMS = dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             intermediate_size=320, vocab_size=1000, tie_word_embeddings=False)

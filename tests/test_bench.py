@@ -4,13 +4,13 @@ import json
 import pytest
 
 from conftest import run_labs
-from labs import results
+from labs.bench import results
 
 
 def test_bench_runs_stock_and_labs_in_one_invocation(tmp_path):
     out = tmp_path / "bench.json"
     result = run_labs("bench", "--preset", "tiny", "--cases", "stock-zero3,labs-zero3", "--steps", 3, "--out", out,
-                      "--quiet")
+                      "--work", tmp_path / "work", "--quiet")
     assert result.returncode == 0, result.stderr[-3000:]
     bench = json.loads(out.read_text())
     for key in ("date", "command", "host", "mfu_formula", "timing"):

@@ -6,8 +6,9 @@ import pytest
 
 matplotlib.use("Agg")
 
-from labs import exercises, memory_plots, widgets  # noqa: E402
-from labs.errors import LabsError  # noqa: E402
+from labs import launch, memory  # noqa: E402
+from labs.bench import results  # noqa: E402
+from labs.course import widgets  # noqa: E402
 
 
 def test_calculator_default_is_the_plain_chart():
@@ -20,22 +21,24 @@ def test_calculator_default_is_the_plain_chart():
     assert parts == pytest.approx(plain["total_gib"])
 
 
-def test_exercises_check_answers(capsys):
-    assert exercises.check("01.1", 16) is True
-    assert exercises.check("01.2", 28.6) is True
-    assert exercises.check("01.2", 7e9 * 16 / 8 / 1e9) is False       # the seeds' "7B" is not Qwen2.5-7B
-    assert exercises.check_01_1("sixteen") is False
-    out = capsys.readouterr().out
-    assert "01.1 correct" in out and "too low" in out and "Hint" in out
-    with pytest.raises(LabsError):
-        exercises.check("99.9", 1)
-
-
 def test_gpu_results_are_compared_with_the_prediction_for_that_run():
     """Chapter 01's GPU table: one row per valid case in results/gpu, measured peak over labs.memory's prediction."""
-    from labs import results
-
-    rows = memory_plots.gpu_comparisons()
+    rows = results.peak_comparisons()
     assert len(rows) == len(results.rows(results.load_all())) >= 10
     assert all(0.9 <= row["ratio"] <= 1.1 for row in rows), [(r["name"], r["ratio"]) for r in rows]
     assert all(row["device"].endswith("NVIDIA H200") for row in rows)
+
+@pytest.mark.parametrize("preset", ["tiny", "qwen2.5-7b"])
+def test_calculator_run_and_widget_agree_on_every_default(preset):
+    """One resolver: what `labs train` would run and what `labs memory` / the widget assume when nobody says."""
+    spec, resolved = launch.prepare(preset=preset, nproc=2)
+    est = memory.estimate(preset, gpus_per_node=2)
+    assert est.inputs["micro_batch"] == resolved["train_micro_batch_size_per_gpu"]
+    assert est.inputs["seq_len"] == spec["seq_len"]
+    assert est.inputs["precision"] == spec["precision"]
+    assert est.inputs["stage"] == resolved["zero_optimization"]["stage"]
+    assert est.breakdown["knobs"]["reduce_bucket_size"] == resolved["zero_optimization"]["reduce_bucket_size"]
+    if preset == "qwen2.5-7b":
+        setting = widgets.bar_data()["setting"]
+        assert (setting["micro_batch"], setting["seq_len"], setting["precision"]) == \
+            (est.inputs["micro_batch"], est.inputs["seq_len"], est.inputs["precision"])

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from labs import comm
+from labs.instruments import comm
 
 
 def test_volume_counts_all_reduce_twice_and_wire_bytes_take_the_ring_share():

@@ -2,7 +2,8 @@ import json
 
 import pytest
 
-from labs import config
+from labs import config, models
+from labs import resolve as resolver
 from labs.errors import LabsError
 
 BASE = {"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
@@ -13,8 +14,8 @@ BASE = {"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto", "g
 
 
 def resolve(cfg, **kw):
-    args = dict(world_size=2, micro_batch=None, grad_accum=None, steps=20, hidden_size=64, on_gpu=False)
-    return config.resolve(cfg, **{**args, **kw})
+    args = dict(world_size=2, micro_batch=None, grad_accum=None, steps=20, dims=models.shape("tiny"), on_gpu=False)
+    return resolver.ds_config(cfg, **{**args, **kw})
 
 
 def test_autos_are_resolved_like_hf():

@@ -3,7 +3,7 @@ the chapters use to compare and vary configs."""
 import pytest
 
 from conftest import ROOT
-from labs import config, models
+from labs import config, models, resolve
 from labs.errors import LabsError
 
 FILES = sorted((ROOT / "ds_configs").glob("*.json"))
@@ -11,8 +11,7 @@ TINY = models.shape("tiny")
 
 
 def _resolve(raw, on_gpu=False, **kw):
-    return config.resolve(raw, world_size=2, micro_batch=2, grad_accum=1, steps=20, hidden_size=TINY["hidden_size"],
-                          on_gpu=on_gpu, largest_param_numel=TINY["vocab_size"] * TINY["hidden_size"], **kw)
+    return resolve.ds_config(raw, world_size=2, micro_batch=2, grad_accum=1, steps=20, dims=TINY, on_gpu=on_gpu, **kw)
 
 
 class _TwoRanks:
@@ -66,10 +65,10 @@ def test_nvme_refused_without_gpu_and_needs_a_real_path(tmp_path):
 def test_precision_override():
     raw = config.load(ROOT / "ds_configs/zero2.json")
     assert config.precision(_resolve(raw)) == "bf16"
-    fp32 = _resolve(raw, force_precision="fp32")
+    fp32 = _resolve(raw, precision="fp32")
     assert config.precision(fp32) == "fp32" and fp32["bf16"] == {"enabled": False}
-    with pytest.raises(LabsError, match="precision 'fp8'"):
-        _resolve(raw, force_precision="fp8")
+    with pytest.raises(LabsError, match="unknown precision 'fp8'"):
+        _resolve(raw, precision="fp8")
 
 
 def test_diff_names_added_removed_and_changed_keys():

@@ -53,7 +53,7 @@ def test_activation_checkpointing_keeps_gradients():
         models.CausalLM(hf)(ids).backward()
         grads.append(hf.model.layers[0].mlp.up_proj.weight.grad)
     assert torch.allclose(grads[0], grads[1]) and torch.allclose(grads[0], grads[2])
-    with pytest.raises(LabsError, match="--activation-checkpointing '9'"):
+    with pytest.raises(LabsError, match="activation checkpointing '9'"):
         models.checkpoint_layers(hf, "9")
 
 

@@ -2,7 +2,7 @@
 rank loop's counters and probes must report what each stage holds and moves."""
 import pytest
 
-from labs import stages
+from labs.course import stages
 
 STEPS = 6
 
@@ -28,7 +28,7 @@ def test_bytes_moved_per_step(stage_runs):
     assert rows[3]["all_gather_bytes"] == pytest.approx(psi, rel=0.01)    # gathered once: kept for backward
     first = stage_runs[3].metrics[0]["comm"]["all_gather"]["bytes"]
     assert first > 3 * psi                                                # step 1 has no trace: gathers every use
-    totals = stage_runs[3].summary["comm_totals"]
+    totals = stage_runs[3].summary["comm"]
     assert len(totals) == 2 and totals[0]["reduce_scatter"]["bytes"] == STEPS * psi
 
 

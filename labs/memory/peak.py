@@ -18,7 +18,7 @@ worst rank; offloaded states count on the host instead.
 """
 from __future__ import annotations
 
-from labs import layout as zero_layout
+from labs.memory import layout as zero_layout
 
 
 def deepspeed(params, layout, dims, stage, world, d, mixed, state_bytes, offload_optimizer, offload_param, knobs,
@@ -80,7 +80,7 @@ def deepspeed(params, layout, dims, stage, world, d, mixed, state_bytes, offload
         grads = dict(loss=0, layer=head_grad, end=d * params, step=d * params if stage == 0 else after)
 
     # ---- DeepSpeed's temporary buffers at each moment
-    reduce_buckets = (2 if knobs["overlap_comm"] else 1) * bucket if stage in (1, 2) else 0
+    reduce_buckets = reduce_bucket_bytes(knobs, d) if stage in (1, 2) else 0
     gathered_head = gathered_layer = gathered_embedding = 0
     if stage == 3:
         live, prefetch = knobs["stage3_max_live_parameters"], knobs["stage3_prefetch_bucket_size"]
@@ -113,6 +113,15 @@ def deepspeed(params, layout, dims, stage, world, d, mixed, state_bytes, offload
         "optimizer_step": dict(base, grads=grads["step"], activations=0, buffers=step_copies),
     }
     return phases, resident, host, nvme
+
+
+def reduce_bucket_bytes(knobs: dict, dtype_bytes: int) -> int:
+    """ZeRO-1/2's contiguous gradient buckets during backward: one of reduce_bucket_size elements, a second with
+    overlap_comm (one fills while the other reduces), none without contiguous_gradients (chapter 2 measures all
+    three cases on a live engine)."""
+    if not knobs["contiguous_gradients"]:
+        return 0
+    return int((2 if knobs["overlap_comm"] else 1) * knobs["reduce_bucket_size"] * dtype_bytes)
 
 
 def fsdp2(params, layout, dims, stage, world, d, mixed, state_bytes, offload_optimizer, offload_param, knobs, acts):

@@ -1,11 +1,12 @@
 """What a DeepSpeed engine really holds on this rank: walk its tensors and add up their bytes.
 
-    labs.probe.engine_state_bytes(engine) -> {"params_bytes": ..., "grads_bytes": ..., "optimizer_bytes": ...,
+    labs.instruments.state.engine_state_bytes(engine) -> {"params_bytes": ..., "grads_bytes": ..., "optimizer_bytes": ...,
                                              "by_device": {"params": {"cuda": ..., "cpu": ...}, ...}, ...}
 
-labs.train calls it on every rank right after the last backward, before that step's optimizer update: the
-moment when parameters, gradients and optimizer states all exist (the optimizer states since the first
-step, so a run needs at least 2 steps). The list (one dict per rank) lands in summary["state_bytes"].
+The `StateBytes` instrument calls it on every rank right after the run's last backward, before that step's
+optimizer update: the moment when parameters, gradients and optimizer states all exist (the optimizer states
+since the first step, so a run needs at least 2 steps). The list (one dict per rank) lands in
+summary["state_bytes"].
 
 Bytes are counted per storage, once: tied embeddings share one; ZeRO-1/2 parameters are views into one
 flat buffer; ZeRO-3's `ds_tensor`s are views into one flat partition; a gradient view into a bigger buffer
@@ -13,14 +14,27 @@ counts the whole buffer (that memory is held). Tensors on the meta device hold n
 """
 from __future__ import annotations
 
-import json
 import re
-from pathlib import Path
 
 import torch
 
+from labs.train import Instrument
+
 CATEGORIES = ("params", "grads", "optimizer", "other")
 MOMENT = "after the last backward, before its optimizer step"
+
+
+class StateBytes(Instrument):
+    name = "state_bytes"
+
+    def __init__(self):
+        self.found = None
+
+    def last_backward(self, engine):
+        self.found = engine_state_bytes(engine)
+
+    def summary(self) -> dict:
+        return self.found
 
 
 def engine_state_bytes(engine) -> dict:
@@ -112,43 +126,3 @@ class _Ledger:
 
     def largest(self, n) -> list:
         return sorted(self.rows, key=lambda r: -r["bytes"])[:n]
-
-
-# ------------------------------------------------------------------------------------------ measured vs predicted
-def stage_config(stage: int, folder, base=None, **zero) -> Path:
-    """ds_configs/zero3.json with another ZeRO stage (and any zero_optimization keys), written to `folder`."""
-    from labs import CONFIGS
-
-    config = json.loads(Path(base or CONFIGS / "zero3.json").read_text())
-    config["zero_optimization"].update(stage=stage, **zero)
-    path = Path(folder) / f"zero{stage}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(config, indent=1) + "\n")
-    return path
-
-
-def measure_stages(out, stages=(0, 1, 2, 3), steps=2, preset="tiny", stream=False, **launch) -> dict:
-    """One real launch per ZeRO stage (2 CPU ranks on a machine without GPU); returns {stage: Run}."""
-    from labs import launch as launcher
-
-    out = Path(out)
-    runs = {}
-    for stage in stages:
-        print(f"ZeRO-{stage}: launching {steps} steps of '{preset}' ...", flush=True)
-        runs[stage] = launcher.run(preset=preset, config=stage_config(stage, out / "configs"), steps=steps,
-                                   out=out / f"zero{stage}", stream=stream, **launch)
-    return runs
-
-
-def compare(run) -> list[dict]:
-    """Per rank and category: bytes the probe found in the run vs labs.memory's prediction for that run."""
-    from labs import memory
-
-    predicted = memory.from_run(run).resident_per_rank
-    rows = []
-    for measured, expected in zip(run.summary["state_bytes"], predicted):
-        for category in ("params", "grads", "optimizer"):
-            got, want = measured[f"{category}_bytes"], expected[f"{category}_bytes"]
-            rows.append(dict(stage=run.summary["zero_stage"], rank=measured["rank"], category=category,
-                             measured_bytes=got, predicted_bytes=want, ratio=got / want if want else None))
-    return rows

@@ -1,17 +1,17 @@
-"""Measurement: the bytes real DeepSpeed engines hold (labs.probe) against labs.memory's prediction.
+"""Measurement: the bytes real DeepSpeed engines hold (the state_bytes instrument) against labs.memory's prediction.
 Tiny preset, 2 CPU ranks, bf16 (what the GPU runs use; fp16 does not run on CPU), 2 steps per stage so the
 optimizer states exist when the probe walks the engine (before the last optimizer step)."""
-import json
-
 import pytest
 import torch
 
-from labs import memory, probe
+from labs import memory
+from labs.course import stages
+from labs.instruments import state as state_instrument
 
 
 def test_ledger_counts_each_storage_once():
     flat = torch.zeros(1000, dtype=torch.bfloat16)
-    ledger = probe._Ledger()
+    ledger = state_instrument._Ledger()
     ledger.walk([flat[:500], flat[500:], {"again": flat}], "params", "flat")
     ledger.add(torch.zeros(10, device="meta"), "params", "meta")
     assert ledger.by_device() == {"params": {"cpu": 2000}, "grads": {}, "optimizer": {}, "other": {}}
@@ -26,7 +26,7 @@ def test_a_plain_torch_model_and_optimizer_are_walked_too():
     engine.optimizer = torch.optim.AdamW(engine.module.parameters())
     engine.module(torch.ones(2, 4)).sum().backward()
     engine.optimizer.step()
-    state = probe.engine_state_bytes(engine)
+    state = state_instrument.engine_state_bytes(engine)
     assert (state["params_bytes"], state["grads_bytes"]) == (80, 80) and state["zero_stage"] is None
     assert state["optimizer_bytes"] == 2 * 80 + 2 * 4          # exp_avg, exp_avg_sq and two step counters
 
@@ -35,26 +35,29 @@ def test_buffer_names_say_what_they_hold():
     names = {"averaged_gradients": "grads", "grad_partitions_flat_buffer": "grads", "ipg_buckets": "grads",
              "single_partition_of_fp32_groups": "optimizer", "fp32_partitioned_groups_flat": "optimizer",
              "bit16_groups_flat": "params", "fp16_partitioned_groups_flat": "params", "loss_scaler": "other"}
-    assert {name: probe._category(name) for name in names} == names
+    assert {name: state_instrument._category(name) for name in names} == names
 
 
 @pytest.fixture(scope="module")
 def stage_runs(tmp_path_factory):
-    return probe.measure_stages(tmp_path_factory.mktemp("memory"), stages=(0, 1, 2, 3), steps=2)
+    return stages.run_stages(tmp_path_factory.mktemp("memory"), steps=2, precision=None, instruments=("state_bytes",))
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_each_rank_holds_what_labs_memory_predicts(stage_runs, stage):
     run = stage_runs[stage]
-    rows = probe.compare(run)
+    rows = stages.state_rows({stage: run})
     assert {(r["rank"], r["category"]) for r in rows} == {(rank, c) for rank in (0, 1)
                                                          for c in ("params", "grads", "optimizer")}
     for row in rows:
         assert abs(row["ratio"] - 1) < 0.05, row
     for rank_state in run.summary["state_bytes"]:
-        assert rank_state["moment"] == probe.MOMENT and set(rank_state["by_device"]["params"]) == {"cpu"}
+        assert rank_state["moment"] == state_instrument.MOMENT and set(rank_state["by_device"]["params"]) == {"cpu"}
         assert rank_state["other_bytes"] < 1000, rank_state["largest"]
-    json.dumps(run.summary["state_bytes"])
+        by_device = rank_state["by_device"]
+        assert rank_state["total_bytes"] == sum(sum(by_device[c].values()) for c in state_instrument.CATEGORIES)
+        sizes = [t["bytes"] for t in rank_state["largest"]]
+        assert sizes == sorted(sizes, reverse=True) and sizes[0] <= rank_state["total_bytes"]
 
 
 def test_what_each_stage_partitions(stage_runs):

@@ -10,11 +10,16 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
-from labs import memory
+from labs import config, memory, models, resolve
+from labs.errors import check_choice
 
-DEFAULTS = dict(preset="qwen2.5-7b", stage=3, gpus=8, offload="none", precision="bf16", micro_batch=2,
-                seq_len=4096, checkpointing="none", loss="hf", gpu="H200")
-OFFLOADS = {"none": (None, None), "optimizer": ("cpu", None), "optimizer+params": ("cpu", "cpu")}
+# The chart's first setting. Micro-batch, sequence length and precision are what `labs train` would use for the
+# preset (labs.resolve), so the calculator's default describes the default run.
+DEFAULTS = dict(preset="qwen2.5-7b", stage=3, gpus=8, offload="none",
+                precision=config.precision(resolve.default_config(3)),
+                micro_batch=resolve.run_defaults("qwen2.5-7b")["micro_batch"],
+                seq_len=resolve.run_defaults("qwen2.5-7b")["seq_len"], checkpointing="none", loss="hf", gpu="H200")
+OFFLOADS = resolve.OFFLOAD_LEVELS
 PARTS = (("params", "parameters", "#4c72b0"), ("grads", "gradients", "#dd8452"),
          ("optimizer", "optimizer states", "#55a868"), ("activations", "activations + loss", "#c44e52"),
          ("buffers", "DeepSpeed buffers", "#8172b3"))
@@ -23,15 +28,13 @@ PARTS = (("params", "parameters", "#4c72b0"), ("grads", "gradients", "#dd8452"),
 def bar_data(**values) -> dict:
     """The numbers the bar shows, for a setting (DEFAULTS overridden by `values`)."""
     v = {**DEFAULTS, **values}
-    if v["offload"] not in OFFLOADS:
-        raise memory.LabsError(f"offload '{v['offload']}': choose one of {', '.join(OFFLOADS)}")
-    offload_optimizer, offload_param = OFFLOADS[v["offload"]]
+    offload_optimizer, offload_param = OFFLOADS[check_choice("offload", v["offload"], OFFLOADS)]
     checkpointing = int(v["checkpointing"]) if str(v["checkpointing"]).isdigit() else v["checkpointing"]
     est = memory.estimate(v["preset"], stage=v["stage"], gpus_per_node=v["gpus"], precision=v["precision"],
                           offload_optimizer=offload_optimizer, offload_param=offload_param if v["stage"] == 3 else None,
                           micro_batch=v["micro_batch"], seq_len=v["seq_len"], activation_checkpointing=checkpointing,
                           loss=v["loss"])
-    advice = est.advise(v["gpu"])
+    advice = memory.advise(v["gpu"], **est.inputs)
     peak = est.phases[est.peak_phase]
     return dict(setting=v, parts_gib={key: peak[key] / memory.GiB for key, _, _ in PARTS},
                 total_gib=est.total_per_gpu_bytes / memory.GiB,
@@ -74,11 +77,11 @@ class Calculator:
 
         v = {**DEFAULTS, **values}
         self.controls = dict(
-            preset=w.Dropdown(options=list(memory.models.PRESETS), value=v["preset"], description="preset"),
+            preset=w.Dropdown(options=list(models.PRESETS), value=v["preset"], description="preset"),
             stage=w.Dropdown(options=[0, 1, 2, 3], value=v["stage"], description="ZeRO stage"),
             gpus=w.Dropdown(options=[1, 2, 4, 8, 16, 32, 64, 128, 256], value=v["gpus"], description="GPUs"),
             offload=w.Dropdown(options=list(OFFLOADS), value=v["offload"], description="offload"),
-            precision=w.Dropdown(options=list(memory.PRECISIONS), value=v["precision"], description="dtype"),
+            precision=w.Dropdown(options=list(config.PRECISIONS), value=v["precision"], description="dtype"),
             micro_batch=w.Dropdown(options=[1, 2, 4, 8, 16], value=v["micro_batch"], description="micro-batch"),
             seq_len=w.Dropdown(options=[512, 1024, 2048, 4096, 8192, 16384, 32768], value=v["seq_len"],
                                description="seq len"),

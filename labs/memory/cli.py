@@ -7,8 +7,13 @@ from __future__ import annotations
 
 import json
 
-from labs import memory
+from labs import config
+from labs.table import Table
 from labs.errors import LabsError
+from labs.memory.accounting import OPTIMIZERS
+from labs.memory.advise import advise
+from labs.memory.estimate import MemoryEstimate, estimate
+from labs.memory.units import GB, GPUS, GiB
 
 
 def add_parser(sub):
@@ -21,41 +26,34 @@ def add_parser(sub):
     p.add_argument("--precision", help="bf16 | fp16 | fp32 (default: the --config's, else bf16)")
     p.add_argument("--offload-optimizer", help="none | cpu | nvme (default: the --config's, else none)")
     p.add_argument("--offload-param", help="none | cpu | nvme, ZeRO-3 only (default: the --config's, else none)")
-    p.add_argument("--micro-batch", type=int, help="sequences per GPU per step (default: the --config's, else 1)")
-    p.add_argument("--seq-len", type=int, default=4096)
+    p.add_argument("--micro-batch", type=int, help="sequences per GPU per step (default: the --config's, else what "
+                                                   "`labs train` uses for the preset)")
+    p.add_argument("--seq-len", type=int, help="tokens per sequence (default: what `labs train` uses for the preset)")
     p.add_argument("--activation-checkpointing", default="none", help="none | full | number of layers")
     p.add_argument("--loss", default="hf", help="hf | chunked | liger")
     p.add_argument("--kernels", default="stock", help="stock | liger")
-    p.add_argument("--optimizer", default="adamw", help=" | ".join(memory.OPTIMIZERS))
+    p.add_argument("--optimizer", default="adamw", help=" | ".join(OPTIMIZERS))
     p.add_argument("--engine", default="deepspeed", help="deepspeed | fsdp2")
     p.add_argument("--config", help="a DeepSpeed JSON config for bucket sizes, prefetch, persistence ...")
-    p.add_argument("--gpu-memory", help=f"memory of one GPU for a verdict: 80GiB, 141GB or {', '.join(memory.GPUS)}")
+    p.add_argument("--gpu-memory", help=f"memory of one GPU for a verdict: 80GiB, 141GB or {', '.join(GPUS)}")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
 def run(args) -> int:
     if (args.preset is None) == (args.params is None):
         raise LabsError("give exactly one of --preset (tiny, qwen-7b, qwen2.5-7b) and --params (e.g. 7.5e9)")
-    try:
-        params = float(args.params) if args.params is not None else None
-    except ValueError:
-        raise LabsError(f"--params '{args.params}' is not a number; write e.g. 7.5e9") from None
-    ds_config = None
-    if args.config:
-        from labs import config
-
-        ds_config = config.load(args.config)
+    ds_config = config.load(args.config) if args.config else None
     checkpointing = args.activation_checkpointing
-    est = memory.estimate(args.preset, params=params, stage=args.stage, gpus_per_node=args.gpus, nodes=args.nodes,
-                          precision=args.precision, offload_optimizer=args.offload_optimizer,
-                          offload_param=args.offload_param, micro_batch=args.micro_batch, seq_len=args.seq_len,
-                          activation_checkpointing=int(checkpointing) if checkpointing.isdigit() else checkpointing,
-                          loss=args.loss, kernels=args.kernels, optimizer=args.optimizer, ds_config=ds_config,
-                          engine=args.engine)
-    advice = est.advise(args.gpu_memory) if args.gpu_memory else None
+    est = estimate(args.preset, params=args.params, stage=args.stage, gpus_per_node=args.gpus, nodes=args.nodes,
+                   precision=args.precision, offload_optimizer=args.offload_optimizer,
+                   offload_param=args.offload_param, micro_batch=args.micro_batch, seq_len=args.seq_len,
+                   activation_checkpointing=int(checkpointing) if checkpointing.isdigit() else checkpointing,
+                   loss=args.loss, kernels=args.kernels, optimizer=args.optimizer, ds_config=ds_config,
+                   engine=args.engine)
+    advice = advise(args.gpu_memory, **est.inputs) if args.gpu_memory else None
     if args.json:
         out = est.as_dict()
-        out["total_per_gpu_gib"] = est.total_per_gpu_bytes / memory.GiB
+        out["total_per_gpu_gib"] = est.total_per_gpu_bytes / GiB
         if advice:
             out["verdict"] = advice.as_dict()
             out["fits"] = advice.fits_as_is
@@ -65,7 +63,7 @@ def run(args) -> int:
     return 0
 
 
-def format_table(est: memory.MemoryEstimate, advice=None) -> str:
+def format_table(est: MemoryEstimate, advice=None) -> str:
     """The estimate as a readable table (GiB = 2^30 bytes; the paper's GB are 10^9 bytes)."""
     i = est.inputs
     offload = ", ".join(f"{part} offload {i[f'offload_{part}']}" for part in ("optimizer", "param")
@@ -88,9 +86,8 @@ def format_table(est: memory.MemoryEstimate, advice=None) -> str:
     if advice is not None:
         rows.append(("verdict", str(advice)))
     rows += [("note", note) for note in est.notes]
-    width = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+    return str(Table([dict(quantity=k, value=v) for k, v in rows]))
 
 
 def _size(n) -> str:
-    return f"{n / memory.GiB:>9,.2f} GiB  ({n / memory.GB:,.2f} GB)"
+    return f"{n / GiB:>9,.2f} GiB  ({n / GB:,.2f} GB)"

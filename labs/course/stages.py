@@ -4,23 +4,26 @@ DeepSpeed's buffer knobs cost.
 
     runs = stages.run_stages(RUNS / "02_zero_stages", steps=20)     # {0: Run, 1: Run, 2: Run, 3: Run}
     stages.loss_differences(runs)                                    # {1: 4.8e-06, 2: ..., 3: ...} vs stage 0
-    print(stages.table(stages.comm_rows(runs), stages.COMM_COLUMNS))
+    Table(stages.comm_rows(runs), ["stage", "volume_psi", "paper_psi"])
 """
 from __future__ import annotations
 
 import time
 from pathlib import Path
 
-from labs import CONFIGS, comm
-from labs import config as ds_config_lib
+from labs import CONFIGS, launch, memory
+from labs import config as config_lib
+from labs.instruments import comm
+from labs.resolve import STAGE_FILES
 
-STAGE_FILES = {0: "zero0_ddp.json", 1: "zero1.json", 2: "zero2.json", 3: "zero3.json"}
-DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+# What the chapters' experiments measure besides training: bytes held, bytes moved, ZeRO's buffers.
+ALL_INSTRUMENTS = ("state_bytes", "comm", "zero_buffers")
 
 
 def run_stages(out, steps=20, precision="fp32", stages=(0, 1, 2, 3), **launch_options) -> dict:
-    """One launch per ZeRO stage from ds_configs/, same preset, seed and data; returns {stage: Run}.
-    `precision` overrides the files' bf16 (fp32 by default: then the stages must agree to rounding)."""
+    """One launch per ZeRO stage from ds_configs/ (the lesson files), same preset, seed and data; returns
+    {stage: Run}. `precision` overrides the files' bf16 (fp32 by default: then the stages must agree to rounding;
+    None keeps the files' bf16, as chapter 1 measures what a bf16 run holds)."""
     return {stage: _launch(Path(out) / f"zero{stage}", CONFIGS / STAGE_FILES[stage], steps, precision,
                            f"ZeRO-{stage} ({STAGE_FILES[stage]})", launch_options) for stage in stages}
 
@@ -36,21 +39,17 @@ def run_variants(out, variants: dict, steps=3, precision="fp32", **launch_option
     to <out>/configs/<name>.json (so it can be read and rerun) and launched; returns {name: Run}."""
     runs = {}
     for name, (base, changes) in variants.items():
-        config = ds_config_lib.variant(ds_config_lib.load(CONFIGS / base), changes)
-        path = ds_config_lib.write(config, Path(out) / "configs" / f"{name}.json")
+        config = config_lib.variant(config_lib.load(CONFIGS / base), changes)
+        path = config_lib.write(config, Path(out) / "configs" / f"{name}.json")
         runs[name] = _launch(Path(out) / name, path, steps, precision, f"{name}", launch_options)
     return runs
 
 
 def _launch(out, config, steps, precision, label, options):
-    from labs import launch
-
-    options = {"preset": "tiny", **options}
+    options = {"preset": "tiny", "instruments": ALL_INSTRUMENTS, **options}
     print(f"{label}: {steps} steps of '{options['preset']}' on 2 ranks ...", end=" ", flush=True)
     start = time.perf_counter()
-    # instrument: the rank loop counts collective bytes and watches ZeRO's buffers (off in plain `labs train`)
-    run = launch.run(config=config, steps=steps, out=out, precision=precision, stream=False, instrument=True,
-                     **options)
+    run = launch.run(config=config, steps=steps, out=out, precision=precision, stream=False, **options)
     print(f"done in {time.perf_counter() - start:.0f} s", flush=True)
     return run
 
@@ -66,11 +65,17 @@ def loss_differences(runs: dict, reference=None) -> dict:
 
 # ---------------------------------------------------------------------------------------------- held bytes
 def state_rows(runs: dict) -> list[dict]:
-    """Per stage, rank and category: bytes the rank's engine held (labs.probe, after the last backward)
-    next to labs.memory's prediction for the same run."""
-    from labs import probe
-
-    return [row for run in runs.values() for row in probe.compare(run)]
+    """Per stage, rank and category: bytes the rank's engine held (the state_bytes instrument, after the last
+    backward) next to labs.memory's prediction for the same run."""
+    rows = []
+    for run in runs.values():
+        predicted = memory.from_run(run).resident_per_rank
+        for measured, expected in zip(run.summary["state_bytes"], predicted):
+            for category in ("params", "grads", "optimizer"):
+                got, want = measured[f"{category}_bytes"], expected[f"{category}_bytes"]
+                rows.append(dict(stage=run.summary["zero_stage"], rank=measured["rank"], category=category,
+                                 measured_bytes=got, predicted_bytes=want, ratio=got / want if want else None))
+    return rows
 
 
 def mismatches(runs: dict, rows: list[dict], tolerance=0.01, rank=0) -> list[str]:
@@ -96,7 +101,7 @@ def comm_rows(runs: dict, skip=1) -> list[dict]:
     for name, run in runs.items():
         summary = run.summary
         per_step = comm.per_step(run.metrics, skip=skip)
-        psi_bytes = summary["params"] * DTYPE_BYTES[summary["precision"]]
+        psi_bytes = summary["params"] * memory.DTYPE_BYTES[summary["precision"]]
         volume = comm.volume_bytes(per_step)
         row = dict(run=name, stage=summary["zero_stage"], psi_bytes=psi_bytes, volume_bytes=volume,
                    volume_psi=volume / psi_bytes,
@@ -122,15 +127,3 @@ def knob_rows(runs: dict, skip=1) -> list[dict]:
                          overlap_comm=zero.get("overlap_comm", False),
                          contiguous_gradients=zero.get("contiguous_gradients", True)))
     return rows
-
-
-# ---------------------------------------------------------------------------------------------- printing
-def table(rows: list[dict], columns: list[tuple]) -> str:
-    """A plain-text table: columns are (header, key or function of the row, format spec)."""
-    cells = [[header for header, _, _ in columns]]
-    for row in rows:
-        cells.append([format(key(row) if callable(key) else row[key], spec) for _, key, spec in columns])
-    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
-    lines = ["  ".join(cell.rjust(width) for cell, width in zip(line, widths)) for line in cells]
-    lines.insert(1, "  ".join("-" * width for width in widths))
-    return "\n".join(lines)

@@ -5,7 +5,7 @@ DeepSpeed's CPU Adam steps with a given number of threads, and whether NVMe offl
     offload.cpu_adam_step_seconds(threads=1)            # one CPU Adam step over 20 M fp32 parameters
     offload.nvme_ready()                                # (False, "no GPU here ...")
 
-    python -m labs.offload cpu-adam NUMEL STEPS         # the benchmark's child process (prints one JSON line)
+    python -m labs.course.offload cpu-adam NUMEL STEPS  # the benchmark's child process (prints one JSON line)
 """
 from __future__ import annotations
 
@@ -16,9 +16,13 @@ import subprocess
 import sys
 import time
 
+from labs import memory
+from labs.env import repaired_environment
+from labs.resolve import OFFLOAD_LEVELS
+
 
 def placement_rows(runs: dict, rank=0) -> list[dict]:
-    """Per run and category (labs.probe, after the last backward): bytes in accelerator memory and in host
+    """Per run and category (the state_bytes instrument, after the last backward): bytes in accelerator memory and in host
     memory on one rank. On a machine without a GPU the accelerator is the CPU: everything is host memory."""
     rows = []
     for name, run in runs.items():
@@ -30,15 +34,10 @@ def placement_rows(runs: dict, rank=0) -> list[dict]:
     return rows
 
 
-OFFLOADS = (("none", None, None), ("optimizer", "cpu", None), ("optimizer + params", "cpu", "cpu"))
-
-
 def scenario_rows(preset: str, gpus: int, gpu: str, stage=3, **options) -> list[dict]:
     """labs.memory's verdict for each offload setting: peak bytes per GPU, fits or not, host bytes per node."""
-    from labs import memory
-
     rows = []
-    for label, optimizer, param in OFFLOADS:
+    for label, (optimizer, param) in OFFLOAD_LEVELS.items():
         if param and stage != 3:
             continue
         estimate = memory.estimate(preset, stage=stage, gpus_per_node=gpus, offload_optimizer=optimizer,
@@ -52,10 +51,8 @@ def scenario_rows(preset: str, gpus: int, gpu: str, stage=3, **options) -> list[
 def cpu_adam_step_seconds(threads: int, numel: int = 20_000_000, steps: int = 5) -> float:
     """Median seconds of one DeepSpeedCPUAdam step over `numel` fp32 parameters, in a fresh process whose
     OMP_NUM_THREADS is `threads` (the variable a launcher sets, read once when OpenMP starts)."""
-    from labs.env import repaired_environment
-
     env = dict(repaired_environment(1, cpu_offload=True)[0], OMP_NUM_THREADS=str(threads), PYTHONWARNINGS="ignore")
-    result = subprocess.run([sys.executable, "-m", "labs.offload", "cpu-adam", str(numel), str(steps)], env=env,
+    result = subprocess.run([sys.executable, "-m", "labs.course.offload", "cpu-adam", str(numel), str(steps)], env=env,
                             capture_output=True, text=True, timeout=900)
     if result.returncode != 0:
         raise RuntimeError(f"the CPU Adam benchmark failed:\n{result.stderr[-3000:]}")
@@ -102,5 +99,5 @@ def _has_gpu() -> bool:
 
 if __name__ == "__main__":
     if len(sys.argv) != 4 or sys.argv[1] != "cpu-adam":
-        sys.exit("usage: python -m labs.offload cpu-adam NUMEL STEPS")
+        sys.exit("usage: python -m labs.course.offload cpu-adam NUMEL STEPS")
     print(json.dumps(_cpu_adam_benchmark(int(sys.argv[2]), int(sys.argv[3]))))

@@ -1,7 +1,10 @@
-"""Figures the chapters show, drawn from run folders (matplotlib; one function per figure)."""
+"""Figures of measured runs, drawn from run folders and recorded results (matplotlib; one function per idea).
+Figures of the memory model alone are in labs.course.memory_figures."""
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
+
+from labs.instruments.comm import VOLUME_FACTOR
 
 
 def loss_curves(runs: dict, ax=None, title="training loss"):
@@ -50,19 +53,26 @@ def time_breakdown(rows: list[dict], labels: list[str], ax=None, title="where a 
     return ax
 
 
-def predicted_vs_measured(measured: list[float], predicted: list[float], labels: list[str], ax=None,
-                          title="peak GPU memory: labs.memory versus measured"):
-    """Scatter of predicted against measured peak (GiB), the diagonal, and a +-10% band."""
+def predicted_vs_measured(measured: list[float], predicted: list[float], labels: list[str], ax=None, band=0.10,
+                          unit="GiB", title="peak memory: labs.memory versus measured"):
+    """Scatter of predicted against measured values, the diagonal and a +-band (log axes when the values span
+    more than a factor of 20, as CPU MiB and GPU GiB do)."""
     ax = ax or plt.subplots(figsize=(5, 5))[1]
-    top = max(measured + predicted) * 1.1
-    ax.fill_between([0, top], [0, top * 0.9], [0, top * 1.1], color="#2a7", alpha=0.12, label="within 10%")
-    ax.plot([0, top], [0, top], color="#888", lw=1)
+    low, high = min(measured + predicted), max(measured + predicted)
+    log = high / max(low, 1e-9) > 20
+    low, top = (low * 0.7, high * 1.4) if log else (0, high * 1.1)
+    ax.fill_between([low, top], [low * (1 - band), top * (1 - band)], [low * (1 + band), top * (1 + band)],
+                    color="#2a7", alpha=0.12, label=f"within {band:.0%}")
+    ax.plot([low, top], [low, top], color="#888", lw=1)
     ax.scatter(measured, predicted, color="#2a7", zorder=3)
     for x, y, label in zip(measured, predicted, labels):
         ax.annotate(label, (x, y), fontsize=7, xytext=(3, -8), textcoords="offset points")
-    ax.set(xlabel="measured max_memory_allocated (GiB)", ylabel="predicted (GiB)", title=title, xlim=(0, top),
-           ylim=(0, top))
+    ax.set(xlabel=f"measured ({unit})", ylabel=f"predicted ({unit})", title=title, xlim=(low, top), ylim=(low, top))
+    if log:
+        ax.set(xscale="log", yscale="log")
+    ax.grid(alpha=0.3, which="both")
     ax.legend(loc="upper left")
+    return ax
 
 
 # ---------------------------------------------------------------------------------------------- ZeRO stages
@@ -94,8 +104,6 @@ def state_bytes_bars(rows: list[dict], rank=0, ax=None, title="bytes held per ra
 def comm_volume_bars(rows: list[dict], ax=None, title="communication volume per rank per step"):
     """Stacked bars from labs.stages.comm_rows: the ZeRO paper's volume of each collective, in units of
     Psi x bytes per element, with the paper's 2 Psi / 3 Psi marked."""
-    from labs.comm import VOLUME_FACTOR
-
     ax = ax or plt.subplots(figsize=(7.5, 3.5))[1]
     labels = [f"ZeRO-{r['run']}" if isinstance(r["run"], int) else str(r["run"]) for r in rows]
     x = range(len(rows))

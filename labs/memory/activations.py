@@ -26,11 +26,8 @@ d*f counting down_proj's input). Liger's RoPE saves only cos/sin: no change.
 """
 from __future__ import annotations
 
-from labs.errors import LabsError
-
-KERNELS = ("stock", "liger")
-LOSSES = ("hf", "chunked", "liger")
-CHUNKED_LOSS_TOKENS = 4096          # labs.models.CausalLM's chunk for loss="chunked"
+from labs.errors import check_choice
+from labs.models import CHUNK_TOKENS, KERNELS, LOSSES, checkpointed_layers
 
 
 def _sizes(dims: dict) -> tuple[int, int, int, int, int]:
@@ -41,8 +38,7 @@ def _sizes(dims: dict) -> tuple[int, int, int, int, int]:
 
 def layer_saved_tensors(dims: dict, kernels: str = "stock", dtype_bytes: int = 2) -> dict[str, int]:
     """Bytes per token of each tensor one Qwen2DecoderLayer keeps for backward, named by who saves it."""
-    if kernels not in KERNELS:
-        raise LabsError(f"unknown kernels '{kernels}'; choose one of: {', '.join(KERNELS)}")
+    check_choice("kernels", kernels, KERNELS)
     h, f, heads, kv, _ = _sizes(dims)
     d = dtype_bytes
     saved = {}
@@ -96,18 +92,6 @@ def checkpointed_layer_bytes_per_token(dims: dict, dtype_bytes: int = 2) -> int:
     return dtype_bytes * dims["hidden_size"]
 
 
-def checkpointed_layers(how, num_layers: int) -> int:
-    """'none' -> 0, 'full' -> all layers, an int k (or '7') -> the first k layers (labs.models.checkpoint_layers)."""
-    if how in (None, "none"):
-        return 0
-    if how == "full":
-        return num_layers
-    if str(how).isdigit() and int(how) <= num_layers:
-        return int(how)
-    raise LabsError(f"activation_checkpointing '{how}': use none, full, or a number of layers from 0 to "
-                    f"{num_layers}")
-
-
 def loss_bytes(dims: dict, loss: str, micro_batch: int, seq_len: int, dtype_bytes: int = 2) -> dict[str, int]:
     """What the loss holds at its worst moment, by the loss implementation (labs.models.CausalLM).
 
@@ -124,14 +108,13 @@ def loss_bytes(dims: dict, loss: str, micro_batch: int, seq_len: int, dtype_byte
       weight's dtype, full size even under ZeRO-3); logits exist only for a chunk of
       next_pow2(tokens / ceil(vocab / h)) rows.
     """
-    if loss not in LOSSES:
-        raise LabsError(f"unknown loss '{loss}'; choose one of: {', '.join(LOSSES)}")
+    check_choice("loss", loss, LOSSES)
     h, _, _, _, vocab = _sizes(dims)
     tokens, shifted = micro_batch * seq_len, micro_batch * (seq_len - 1)
     if loss == "hf":
         return {"fp32 log-softmax output + its grad + grad of logits": 12 * tokens * vocab}
     if loss == "chunked":
-        chunk = min(CHUNKED_LOSS_TOKENS, shifted)
+        chunk = min(CHUNK_TOKENS, shifted)
         return {"flattened hidden states (checkpoint input)": dtype_bytes * h * shifted,
                 "one chunk: fp32 log-softmax output + its grad + grad of logits": 12 * chunk * vocab}
     chunk = min(_next_pow2(-(-shifted // -(-vocab // h))), shifted)

@@ -5,6 +5,9 @@ per-step volumes to compare it with.
     ...one training step...
     counter.take()   # {"all_gather": {"calls": 12, "bytes": 39291136}, "reduce_scatter": {...}, ...}
 
+In a run, the `Comm` instrument does this on every rank: each step's counts land in metrics.jsonl (rank 0's, as
+record["comm"]) and the totals over all steps in summary["comm"] (one entry per rank).
+
 Every collective is counted by its payload: the bytes of the whole (unsharded) tensor it works on, whatever
 the algorithm underneath. The ZeRO paper's communication volume per rank then counts an all-reduce twice
 (a reduce-scatter followed by an all-gather) and every other collective once; a ring algorithm puts
@@ -18,6 +21,8 @@ import threading
 
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
+
+from labs.train import Instrument
 
 # torch.distributed function -> (the kind it is counted as, how to find its full payload in its arguments).
 # Payload arguments: a tensor, or a list of tensors that together make the whole.
@@ -107,6 +112,27 @@ class CollectiveCounter:
     def drop(self):
         """Forget what was counted since the last take(): labs' own bookkeeping, not training."""
         self.pending = {}
+
+
+class Comm(Instrument):
+    """Counts every collective of the run's steps; set-up traffic (the initial weights broadcast or partitioned)
+    and labs' own per-step bookkeeping gather fall between steps and are dropped."""
+    name = "comm"
+
+    def __init__(self):
+        self.counter = CollectiveCounter()
+
+    def before_engine(self):
+        self.counter.install()
+
+    def step_begin(self):
+        self.counter.drop()
+
+    def step_end(self, record: dict):
+        record["comm"] = self.counter.take()
+
+    def summary(self) -> dict:
+        return self.counter.totals
 
 
 # ---------------------------------------------------------------------------------------------- accounting

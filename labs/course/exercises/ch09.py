@@ -1,6 +1,7 @@
-"""Chapter 09's exercises (registered into labs.exercises): answers computed from the committed GPU results."""
-from labs import models, results
-from labs.exercises import exercise
+"""Chapter 09 (Qwen-7B on GPUs): exercises. Answers are computed from the committed GPU results."""
+from labs import models
+from labs.bench import results
+from labs.course.exercises.registry import exercise
 
 
 def _case(run: str, case: str) -> dict:

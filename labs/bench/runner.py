@@ -19,13 +19,15 @@ import shlex
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-from labs import CONFIGS, RUNS, launch
+from labs import CONFIGS, env, launch, memory
 from labs.errors import LabsError, RankFailed
+from labs.table import Table
 
 # name -> (what it is, launch options). nproc None = every GPU (or 2 CPU ranks).
 CASES: dict[str, tuple[str, dict]] = {
@@ -104,7 +106,11 @@ def case_options(name: str, preset: str, steps: int, seq_len, micro_batch) -> di
 
 
 def run_cases(names: list[str], preset="qwen2.5-7b", steps=8, seq_len=None, micro_batch=None, out=None,
-              work=RUNS / "bench", stream=True) -> dict:
+              work=None, stream=True) -> dict:
+    """Run the named cases one after the other; returns (and writes to `out`, after every case) the result with
+    every case's summary, per-step metrics, resolved config and predicted memory. The run folders go to `work`
+    (default: a new folder under the system's temporary directory, never into the course checkout)."""
+    work = Path(work) if work else Path(tempfile.mkdtemp(prefix="labs-bench-"))
     options = {name: case_options(name, preset, steps, seq_len, micro_batch) for name in names}
     for name, opts in options.items():   # every case's input is checked before the first one runs
         launch.prepare(out=work / name, **opts)
@@ -148,8 +154,6 @@ def _mean_timers(records, warmup):
 
 def _predicted(run) -> dict:
     """labs.memory's prediction for this run's configuration: the peak and what it is made of."""
-    from labs import memory
-
     est = memory.from_run(run)
     return dict(total_per_gpu_bytes=est.total_per_gpu_bytes, peak_phase=est.peak_phase,
                 model_states_per_gpu_bytes=est.model_states_per_gpu_bytes, phases=est.phases)
@@ -162,15 +166,7 @@ def _last_error_line(message: str) -> str:
 
 
 def host_info() -> dict:
-    info = dict(python=platform.python_version(), torch=torch.__version__, cuda=torch.version.cuda,
-                cpu_cores=os.cpu_count(), hostname=platform.node())
-    for name in ("deepspeed", "transformers", "liger-kernel", "triton", "accelerate"):
-        try:
-            import importlib.metadata as md
-
-            info[name] = md.version(name)
-        except Exception:
-            info[name] = None
+    info = dict(env.versions(), cuda=torch.version.cuda, cpu_cores=os.cpu_count(), hostname=platform.node())
     if torch.cuda.is_available():
         info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
         try:
@@ -186,19 +182,21 @@ def host_info() -> dict:
 
 
 def format_table(result: dict) -> str:
-    rows = [("case", "GPUs", "tokens/s/GPU", "TFLOP/s", "MFU", "peak GiB", "pred GiB", "fwd/bwd/step ms")]
+    rows = []
     for name, case in result["cases"].items():
         if case["status"] != "ok":
-            rows.append((name, "", case["status"], "", "", "", "", case.get("error", "")[:60]))
+            rows.append(dict(case=name, gpus="", tok=case["status"], tflops="", mfu="", peak="", pred="",
+                             timers=case.get("error", "")[:60]))
             continue
         s, t = case["summary"], case.get("timers_ms") or {}
         predicted = (case.get("predicted") or {}).get("total_per_gpu_bytes")
-        rows.append((name, str(s["world_size"]), f"{s['tokens_per_s_per_gpu']:,.0f}", f"{s['tflops_per_gpu']:.1f}",
-                     f"{s['mfu']:.1%}" if s.get("mfu") else "-", f"{max(s['peak_memory_bytes']) / 2**30:.1f}",
-                     f"{predicted / 2**30:.1f}" if predicted else "-",
-                     "/".join(f"{t[k]:.0f}" for k in ("fwd", "bwd", "step") if k in t) or "-"))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.rjust(w) if i else cell.ljust(w) for i, (cell, w) in enumerate(zip(r, widths)))
-             for r in rows]
+        rows.append(dict(case=name, gpus=str(s["world_size"]), tok=f"{s['tokens_per_s_per_gpu']:,.0f}",
+                         tflops=f"{s['tflops_per_gpu']:.1f}", mfu=f"{s['mfu']:.1%}" if s.get("mfu") else "-",
+                         peak=f"{max(s['peak_memory_bytes']) / 2**30:.1f}",
+                         pred=f"{predicted / 2**30:.1f}" if predicted else "-",
+                         timers="/".join(f"{t[k]:.0f}" for k in ("fwd", "bwd", "step") if k in t) or "-"))
+    headers = dict(case="case", gpus="GPUs", tok="tokens/s/GPU", tflops="TFLOP/s", mfu="MFU", peak="peak GiB",
+                   pred="pred GiB", timers="fwd/bwd/step ms")
+    lines = [str(Table(rows, [(headers[k], k, "") for k in headers]))] if rows else []
     lines += [f"ratio {pair}: {ratio:.2f}x tokens/s per GPU" for pair, ratio in result["ratios"].items()]
     return "\n".join(lines)

@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from labs import RESULTS
+from labs import RESULTS, memory, models
+from labs.table import Table
 
 
 def load_all(folder: Path = RESULTS / "gpu") -> dict[str, dict]:
@@ -39,8 +40,6 @@ def rows(results: dict[str, dict], valid_only: bool = True) -> list[dict]:
 def predicted_peak_gib(row: dict) -> float:
     """labs.memory's predicted peak (GiB of torch.cuda.max_memory_allocated) for a recorded case, from the
     configuration the result file records (the prediction is computed now, not stored)."""
-    from labs import memory, models
-
     est = memory.estimate(dims=models.shape("qwen2.5-7b") if row["preset"] == "qwen2.5-7b" else
                           models.shape(row["preset"]), gpus_per_node=row["gpus"], seq_len=row["seq_len"],
                           loss=row["loss"], kernels=row["kernels"], activation_checkpointing=row["checkpointing"],
@@ -66,15 +65,25 @@ def provenance(results: dict[str, dict]) -> list[str]:
     return lines
 
 
-def format_rows(table: list[dict], columns: list[str]) -> str:
-    """A plain-text table (what nbval can pin) of the chosen columns."""
-    def cell(column, value):
+def format_rows(table: list[dict], columns: list[str]) -> Table:
+    """The chosen columns of result rows as a table (MFU as a percentage, large numbers with separators)."""
+    def spec(column):
+        values = [row[column] for row in table]
         if column == "mfu":
-            return f"{value:.1%}"
-        if isinstance(value, float):
-            return f"{value:,.1f}" if value < 1000 else f"{value:,.0f}"
-        return str(value)
-    cells = [columns] + [[cell(c, row[c]) for c in columns] for row in table]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
-    return "\n".join("  ".join(v.rjust(w) if i else v.ljust(w) for i, (v, w) in enumerate(zip(r, widths)))
-                     for r in cells)
+            return ".1%"
+        if all(isinstance(v, float) for v in values):
+            return ",.0f" if min(values) >= 1000 else ",.1f"
+        return ""
+    return Table(table, [(c, c, spec(c)) for c in columns])
+
+
+def peak_comparisons() -> list[dict]:
+    """Every valid recorded case: the measured peak (max over ranks of torch.cuda.max_memory_allocated) against
+    labs.memory's prediction for the same configuration."""
+    found = []
+    for row in rows(load_all()):
+        predicted = predicted_peak_gib(row) * memory.GiB
+        measured = row["peak_gib"] * memory.GiB
+        found.append(dict(name=f"{row['run'][11:12]}:{row['case']}", device=f"{row['gpus']} x {row['gpu']}",
+                         measured_bytes=int(measured), predicted_bytes=int(predicted), ratio=measured / predicted))
+    return found

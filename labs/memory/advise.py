@@ -13,7 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from labs import memory, models
+from labs import models
+from labs.memory.estimate import MemoryEstimate, estimate
+from labs.memory.units import GiB, parse_bytes, usable_bytes
 
 SLOWDOWN = {"zero3": 1.1, "offload_optimizer": 1.5, "offload_param": 2.0, "liger": 1.0}
 
@@ -23,14 +25,14 @@ class Advice:
     gpu_memory_bytes: int
     usable_bytes: int
     fits_as_is: bool
-    current: memory.MemoryEstimate
+    current: MemoryEstimate
     change: dict = field(default_factory=dict)        # the settings to change ({} if it fits as is)
-    suggestion: memory.MemoryEstimate | None = None
+    suggestion: MemoryEstimate | None = None
     slowdown: float = 1.0
     options: list = field(default_factory=list)       # every fitting combination, cheapest first
 
     def __str__(self) -> str:
-        used, usable = self.current.total_per_gpu_bytes / memory.GiB, self.usable_bytes / memory.GiB
+        used, usable = self.current.total_per_gpu_bytes / GiB, self.usable_bytes / GiB
         if self.fits_as_is:
             return f"fits: peak {used:.1f} GiB of {usable:.1f} GiB usable"
         if self.suggestion is None:
@@ -38,7 +40,7 @@ class Advice:
                     "checkpointing or loss change fits: use more GPUs, a smaller micro-batch or shorter sequences")
         changes = ", ".join(f"{k}={v}" for k, v in self.change.items())
         return (f"does not fit: peak {used:.1f} GiB > {usable:.1f} GiB usable; cheapest change that fits: "
-                f"{changes} (peak {self.suggestion.total_per_gpu_bytes / memory.GiB:.1f} GiB, "
+                f"{changes} (peak {self.suggestion.total_per_gpu_bytes / GiB:.1f} GiB, "
                 f"~{self.slowdown:.2f}x the step time)")
 
     def as_dict(self) -> dict:
@@ -50,17 +52,18 @@ class Advice:
 
 
 def advise(gpu_memory_bytes, reserve_bytes=None, **inputs) -> Advice:
-    """`inputs` are memory.estimate's keyword arguments (preset, stage, gpus_per_node, ...)."""
-    gpu_memory_bytes = memory.parse_bytes(gpu_memory_bytes)
-    usable = memory.usable_bytes(gpu_memory_bytes, reserve_bytes)
-    current = memory.estimate(**inputs)
+    """`inputs` are memory.estimate's keyword arguments (preset, stage, gpus_per_node, ...), or an estimate's
+    own `inputs`: `advise("H100", **est.inputs)`."""
+    gpu_memory_bytes = parse_bytes(gpu_memory_bytes)
+    usable = usable_bytes(gpu_memory_bytes, reserve_bytes)
+    current = estimate(**inputs)
     base = current.inputs
     advice = Advice(gpu_memory_bytes, usable, current.total_per_gpu_bytes <= usable, current)
     if advice.fits_as_is:
         return advice
     dims = current.inputs["dims"] or (models.shape(base["preset"]) if base["preset"] else None)
     layers = dims["num_hidden_layers"] if dims else 0
-    now = _layers(base["activation_checkpointing"], layers)
+    now = models.checkpointed_layers(base["activation_checkpointing"], layers)
     losses = [base["loss"]] + ([x for x in ("chunked", "liger") if x != base["loss"]] if dims else [])
     for stage in range(base["stage"], 4):
         for loss in losses:
@@ -71,7 +74,7 @@ def advise(gpu_memory_bytes, reserve_bytes=None, **inputs) -> Advice:
                     if k is None:
                         continue
                     settings["activation_checkpointing"] = _how(k, layers, base["activation_checkpointing"])
-                    est = memory.estimate(**{**base, **settings})
+                    est = estimate(**{**base, **settings})
                     cost = _slowdown(settings, base, k, layers, dims)
                     change = {key: v for key, v in settings.items() if v != base[key]}
                     advice.options.append(dict(change=change, slowdown=cost, estimate=est))
@@ -86,7 +89,7 @@ def _fewest_layers(settings, base, now, layers, usable):
     """The fewest checkpointed layers (at least the current number) that fit; None if even all do not."""
     def fits(k):
         how = _how(k, layers, base["activation_checkpointing"])
-        return memory.estimate(**{**base, **settings, "activation_checkpointing": how}).total_per_gpu_bytes <= usable
+        return estimate(**{**base, **settings, "activation_checkpointing": how}).total_per_gpu_bytes <= usable
 
     low, high = now, max(now, layers)
     if not fits(high):
@@ -100,12 +103,8 @@ def _fewest_layers(settings, base, now, layers, usable):
     return low
 
 
-def _layers(how, layers: int) -> int:
-    return {"none": 0, "full": layers}.get(str(how), int(how) if str(how).isdigit() else 0)
-
-
 def _how(k: int, layers: int, current):
-    if k == _layers(current, layers):
+    if k == models.checkpointed_layers(current, layers):
         return current
     return "none" if k == 0 else "full" if k == layers else k
 
@@ -115,7 +114,7 @@ def _slowdown(settings, base, k, layers, dims) -> float:
     if settings["stage"] == 3 and base["stage"] != 3:
         cost *= SLOWDOWN["zero3"]
     if layers:
-        cost *= 1 + (k - _layers(base["activation_checkpointing"], layers)) / (3 * layers)
+        cost *= 1 + (k - models.checkpointed_layers(base["activation_checkpointing"], layers)) / (3 * layers)
     if settings["loss"] == "chunked" and base["loss"] != "chunked" and dims:
         head_flops = 2 * dims["vocab_size"] * dims["hidden_size"]
         cost *= 1 + head_flops / models.flops_per_token(dims, base["seq_len"])

@@ -13,6 +13,23 @@ from __future__ import annotations
 
 import functools
 
+from labs.train import Instrument
+
+
+class ZeroBuffers(Instrument):
+    """The BufferWatch of a run's DeepSpeed engine; its report lands in summary["zero_buffers"] (one per rank)."""
+    name = "zero_buffers"
+
+    def __init__(self):
+        self.watch = None
+
+    def after_engine(self, engine):
+        if hasattr(engine, "zero_optimization_stage"):      # a DeepSpeed engine (FSDP2 has no ZeRO buffers)
+            self.watch = BufferWatch(engine)
+
+    def summary(self) -> dict:
+        return self.watch.report() if self.watch else None
+
 
 class BufferWatch:
     def __init__(self, engine):

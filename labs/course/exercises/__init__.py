@@ -1,0 +1,11 @@
+"""Chapter exercises, checked when run: `exercises.check("01.2", 28.6)` prints a clear verdict and returns True or
+False. One registry (registry.py); each chapter registers its questions in its own module.
+
+    from labs.course import exercises
+    exercises.show("01")          # the questions of chapter 01
+    exercises.check("01.1", 16)   # -> "01.1 correct: ..."
+"""
+from labs.course.exercises import ch01, ch02, ch03, ch09  # noqa: F401  (each registers its chapter's questions)
+from labs.course.exercises.registry import EXERCISES, check, show
+
+__all__ = ["EXERCISES", "check", "show"]

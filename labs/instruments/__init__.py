@@ -1,0 +1,22 @@
+"""Chapter instruments: measurements the rank loop (labs.train) runs only when a chapter asks for them, through
+the `labs.train.Instrument` hooks. Each one's findings land in summary.json under its name, one entry per rank.
+
+    launch.run(..., instruments=("state_bytes", "comm", "zero_buffers"))
+
+- state_bytes (state.py): the bytes of parameters, gradients and optimizer states the engine holds, by device,
+  after the last backward (on by default: it runs once per run).
+- comm (comm.py): calls and payload bytes of every collective, per step.
+- zero_buffers (buffers.py): ZeRO's gradient buckets, persistent and gathered parameters. It walks every parameter
+  after each ZeRO-3 fetch, so it costs time in the hot path: chapters 2 and 3 turn it on, benchmarks do not.
+"""
+from labs.errors import check_choice
+from labs.instruments.buffers import ZeroBuffers
+from labs.instruments.comm import Comm
+from labs.instruments.state import StateBytes
+
+INSTRUMENTS = {cls.name: cls for cls in (StateBytes, Comm, ZeroBuffers)}
+
+
+def build(names) -> list:
+    """Fresh instruments for one run, by name."""
+    return [INSTRUMENTS[check_choice("instrument", name, INSTRUMENTS)]() for name in names]

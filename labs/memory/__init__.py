@@ -1,0 +1,20 @@
+"""The memory model: how many bytes training needs on each GPU and each host, and what to change when it does not
+fit. `from labs import memory` gives the names the chapters use:
+
+    est = memory.estimate("qwen2.5-7b", stage=3, gpus_per_node=2)      # estimate.py: the entry point
+    memory.advise("H100", **est.inputs)                                  # advise.py: the cheapest change that fits
+    memory.parse_bytes("80GiB"), memory.GPUS["H200"]                     # units.py
+
+The parts, bottom up: layout.py (where parameters sit under ZeRO), activations.py (what autograd saves),
+accounting.py (the ZeRO paper and DeepSpeed's estimators), peak.py (the live bytes moment by moment),
+estimate.py (all of them for one setup), advise.py (fit verdicts), cli.py (`labs memory`).
+"""
+from labs.memory import activations, layout, peak
+from labs.memory.accounting import OPTIMIZERS, deepspeed_estimator, paper_model_states_bytes
+from labs.memory.advise import Advice, advise
+from labs.memory.estimate import DTYPE_BYTES, MemoryEstimate, estimate, from_run
+from labs.memory.units import GB, GPUS, GiB, gpu_bytes, parse_bytes, usable_bytes
+
+__all__ = ["activations", "layout", "peak", "OPTIMIZERS", "deepspeed_estimator", "paper_model_states_bytes", "Advice",
+           "advise", "DTYPE_BYTES", "MemoryEstimate", "estimate", "from_run", "GB", "GPUS", "GiB", "gpu_bytes",
+           "parse_bytes", "usable_bytes"]

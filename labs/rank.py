@@ -1,0 +1,28 @@
+"""What every process that torchrun starts runs: `python -m labs.rank RUN_DIR`.
+
+It wires the two halves together: the rank loop (labs.train) and the instruments the run asked for
+(labs.instruments), then leaves the way a finished rank must. Any failure is written to RUN_DIR/rankN.err,
+so the launcher can show the rank that failed first with its own traceback.
+"""
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+
+from labs import instruments, train
+
+if __name__ == "__main__":
+    run_dir = Path(sys.argv[1])
+    try:
+        spec = json.loads((run_dir / "run.json").read_text())
+        train.main(run_dir, instruments.build(spec["instruments"]))
+    except BaseException:
+        (run_dir / f"rank{os.environ.get('RANK', '0')}.err").write_text(traceback.format_exc())
+        raise
+    # Every file is written and the process group is gone: leave without the interpreter's shutdown, where a C++
+    # thread left joinable by a CPU backend (gloo, DeepSpeed's shm comm op) now and then aborts the process
+    # ("terminate called without an active exception", exit -6) after all the work is done.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

@@ -1,0 +1,43 @@
+import pytest
+
+from labs.course import exercises
+
+
+@pytest.mark.parametrize("id, right, wrong", [
+    ("02.1", 3 * 7_615_616_512 * 2, 2 * 7_615_616_512 * 2),
+    ("02.2", 2_000_000_000, 1_000_000_000),
+    ("02.3", 2, 3),
+    ("03.1", 16, 12),
+    ("03.2", 8, 1),
+    ("03.3", "optimizer", "none"),
+    ("01.1", 16, 12),
+    ("01.2", 28.6, 7e9 * 16 / 8 / 1e9),             # the seeds' "7B" is not Qwen2.5-7B
+])
+def test_checkers_accept_the_answer_and_reject_others(id, right, wrong, capsys):
+    assert exercises.check(id, None) is False and "not answered yet" in capsys.readouterr().out
+    assert exercises.check(id, right) is True and capsys.readouterr().out.startswith(f"{id} correct")
+    assert exercises.check(id, wrong) is False and capsys.readouterr().out.startswith(f"{id} not yet")
+
+
+def test_a_text_answer_to_a_number_question(capsys):
+    assert exercises.check("02.2", "lots") is False and "not a number" in capsys.readouterr().out
+
+
+def test_unknown_exercise_is_a_labs_error():
+    from labs.errors import LabsError
+
+    with pytest.raises(LabsError, match="unknown exercise '99.9'"):
+        exercises.check("99.9", 1)
+
+
+def test_no_expected_answer_is_a_literal():
+    """Every registered answer is computed: its function calls into labs and never returns a constant."""
+    import ast
+    import inspect
+    import textwrap
+
+    for ex in exercises.EXERCISES.values():
+        tree = ast.parse(textwrap.dedent(inspect.getsource(ex.expected)))
+        returns = [n.value for n in ast.walk(tree) if isinstance(n, ast.Return)]
+        assert returns and not any(isinstance(r, ast.Constant) for r in returns), ex.id
+        assert any(isinstance(n, ast.Call) for n in ast.walk(tree)), ex.id
