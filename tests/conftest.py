@@ -15,6 +15,18 @@ def run_labs(*args, cwd=None, timeout=600):
                           cwd=cwd or ROOT, env=env, timeout=timeout)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def checkout_left_as_it_was():
+    """Tests write only under pytest's temporary folders, never into the course checkout (runs/, results/ ...)."""
+    def snapshot():
+        return {p for folder in ("runs", "results", "ds_configs", "notebooks") for p in (ROOT / folder).rglob("*")}
+
+    before = snapshot()
+    yield
+    added = sorted(str(p.relative_to(ROOT)) for p in snapshot() - before)
+    assert not added, f"tests wrote into the checkout: {added[:10]}"
+
+
 @pytest.fixture(scope="session")
 def zero3_run(tmp_path_factory):
     """The foundation's end-to-end run: tiny preset, ZeRO-3, 2 CPU ranks, 30 steps (shared by tests)."""

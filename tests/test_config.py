@@ -65,3 +65,15 @@ def test_load_errors(tmp_path):
         config.load(tmp_path / "bad.json")
     (tmp_path / "ok.json").write_text(json.dumps(BASE))
     assert config.load(tmp_path / "ok.json") == BASE
+
+
+def test_config_names_resolve_against_ds_configs_from_any_directory(tmp_path, monkeypatch):
+    from labs import CONFIGS
+
+    monkeypatch.chdir(tmp_path)
+    assert config.find("zero2.json") == CONFIGS / "zero2.json"
+    assert config.load("zero2.json")["zero_optimization"]["stage"] == 2
+    (tmp_path / "zero2.json").write_text(json.dumps({"zero_optimization": {"stage": 1}}))
+    assert config.find("zero2.json").resolve() == tmp_path / "zero2.json"      # a file here wins over the course's
+    with pytest.raises(LabsError, match="config 'nope.json' does not exist"):
+        config.load("nope.json")
