@@ -1,4 +1,5 @@
-"""`labs <command>`: the commands a user types. Bad input: one line on stderr, exit code 2."""
+"""`labs <command>`: the commands a user types. Bad input: one line on stderr, exit code 2, before any rank starts.
+Each command's modules are imported only when it runs (start-up time)."""
 from __future__ import annotations
 
 import argparse
@@ -6,52 +7,92 @@ import json
 import sys
 
 from labs import resolve
-from labs.errors import LabsError, RankFailed
+from labs.errors import LabsError, RankFailed, RunStopped, positive_float, positive_int
+
+EXAMPLES = """examples:
+  labs train                                          tiny model, ZeRO-3, 2 CPU ranks (or every GPU), 30 steps
+  labs train --preset qwen2.5-7b --config zero3_offload_optimizer.json --nproc 1 --out runs/offload
+  labs train --data corpus.jsonl --seq-len 512 --micro-batch 4 --grad-accum 8 --lr 1e-4
+  labs memory --preset qwen2.5-7b --stage 3 --gpus 2 --gpu-memory 80GiB
+  labs bench --preset qwen2.5-7b --cases stock-zero3,labs-zero3 --out results/gpu/mine.json
+  labs env
+"""
+TRAIN_EXAMPLES = """examples:
+  labs train                                   the tiny preset, zero3.json, 2 CPU ranks (all GPUs on a GPU host)
+  labs train --config zero2.json --steps 100 --out runs/zero2
+  labs train --preset qwen2.5-7b --model-path /models/Qwen2.5-7B --data chat.jsonl --seq-len 2048 --lr 1e-5
+  labs train --preset qwen2.5-7b --gpu-memory H100 --activation-checkpointing 8 --loss liger --kernels liger
+
+--out: a new folder, or a run folder labs wrote earlier (replaced only when the new run succeeds). An existing
+file, or a folder labs did not write, is refused. Ctrl-C stops every rank and keeps nothing.
+"""
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):            # one line, exit 2 (argparse's default adds a usage block)
-        raise LabsError(f"{message} (see `labs {self.prog.split()[-1]} --help`)")
+        command = self.prog.split()[-1]
+        raise LabsError(f"{message} (see `{'labs' if command == 'labs' else 'labs ' + command} --help`)")
 
 
 def _train_args(sub):
-    p = sub.add_parser("train", help="launch a training run and wait for it")
-    p.add_argument("--preset", default="tiny", help="tiny | qwen-7b | qwen2.5-7b (default tiny)")
+    p = sub.add_parser("train", help="launch a training run and wait for it", epilog=TRAIN_EXAMPLES,
+                       description="Train a Qwen2-architecture model with DeepSpeed ZeRO (or FSDP2) on this host.",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", default="tiny", help="tiny | qwen-7b | qwen2.5-7b (default: tiny)")
     p.add_argument("--config", default=resolve.DEFAULT_CONFIG,
                    help="DeepSpeed JSON config: a path, or a file name in the course's ds_configs/ "
-                        f"(default {resolve.DEFAULT_CONFIG})")
-    p.add_argument("--steps", type=int, default=30)
-    p.add_argument("--out", default="runs/demo", help="run folder to write (replaced when the run succeeds)")
-    p.add_argument("--nproc", type=int, help="ranks on this host (default: all GPUs, or 2 CPU ranks)")
-    p.add_argument("--model-path", help="local Hugging Face model folder to start from (never downloads)")
-    p.add_argument("--data", dest="data_path", help=".txt or .jsonl ({'text': ...} per line); default: embedded")
-    p.add_argument("--seq-len", type=int)
-    p.add_argument("--micro-batch", type=int)
-    p.add_argument("--grad-accum", type=int)
-    p.add_argument("--lr", type=float)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--loss", default="hf", help="hf (stock) | chunked | liger (GPU)")
-    p.add_argument("--kernels", default="stock", help="stock | liger (Triton RMSNorm/SwiGLU/RoPE, GPU)")
-    p.add_argument("--activation-checkpointing", default="none", help="none | full | number of layers")
-    p.add_argument("--engine", default="deepspeed", help="deepspeed | fsdp2")
+                        f"(default: {resolve.DEFAULT_CONFIG})")
+    p.add_argument("--steps", type=positive_int, default=30, help="optimizer steps (default: 30)")
+    p.add_argument("--out", default="runs/demo", help="run folder to write (default: runs/demo); see below")
+    p.add_argument("--nproc", type=positive_int, help="ranks on this host (default: every GPU, or 2 CPU ranks)")
+    p.add_argument("--model-path", help="local Hugging Face Qwen2 folder to start from: config.json + "
+                                        "*.safetensors (default: random weights; nothing is ever downloaded)")
+    p.add_argument("--data", dest="data_path", help="a .txt file, or .jsonl with one {\"text\": ...} per line "
+                                                    "(default: the embedded corpus, CPython's help pages)")
+    p.add_argument("--seq-len", type=positive_int, help="tokens per sequence (default: the preset's, 64 for tiny, "
+                                                         "4096 for the 7B presets)")
+    p.add_argument("--micro-batch", type=positive_int, help="sequences per rank per forward (default: the "
+                                                             "config's, else 2)")
+    p.add_argument("--grad-accum", type=positive_int, help="micro-batches per optimizer step (default: the "
+                                                            "config's, else 1)")
+    p.add_argument("--lr", type=positive_float, help="peak learning rate (default: the config's, else the "
+                                                      "preset's: 5e-3 tiny, 1e-4 for 7B)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the weights and the data order (default: 0)")
+    p.add_argument("--loss", default="hf", help="hf (stock) | chunked (no full logits) | liger (fused, GPU) "
+                                                "(default: hf)")
+    p.add_argument("--kernels", default="stock", help="stock | liger (Triton RMSNorm/SwiGLU/RoPE, GPU) "
+                                                      "(default: stock)")
+    p.add_argument("--activation-checkpointing", default="none",
+                   help="none | full | a number of layers, the first k (default: none)")
+    p.add_argument("--engine", default="deepspeed", help="deepspeed | fsdp2 (default: deepspeed)")
+    p.add_argument("--gpu-memory", help="cap each rank's GPU memory, e.g. 80GiB or H100 (default: the whole GPU)")
+    p.add_argument("--no-memory-check", dest="memory_check", action="store_false",
+                   help="start even when labs.memory predicts far more memory than there is")
+    p.add_argument("--quiet", action="store_true", help="do not stream the ranks' output")
+
+
+def _bench_args(sub):
+    p = sub.add_parser("bench", help="stock reference vs labs fast path, same GPUs, one invocation")
+    p.add_argument("--preset", default="qwen2.5-7b", help="(default: qwen2.5-7b)")
+    p.add_argument("--cases", default="stock-zero3,labs-zero3", help="comma-separated names from labs.bench.CASES "
+                                                                     "(default: stock-zero3,labs-zero3)")
+    p.add_argument("--steps", type=positive_int, default=8, help="steps per case; the first 2 are warm-up "
+                                                                  "(default: 8)")
+    p.add_argument("--seq-len", type=positive_int, help="(default: the preset's)")
+    p.add_argument("--micro-batch", type=positive_int, help="(default: each case's)")
+    p.add_argument("--out", help="JSON result file, written after every case (default: none)")
+    p.add_argument("--work", help="folder for the cases' run folders (default: a new temporary folder)")
     p.add_argument("--quiet", action="store_true", help="do not stream the ranks' output")
 
 
 def main(argv=None) -> int:
-    parser = _Parser(prog="labs", description="zero-course labs: train Qwen-architecture models with DeepSpeed")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser = _Parser(prog="labs", description="zero-course labs: train Qwen-architecture models with DeepSpeed ZeRO",
+                     epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
     _train_args(sub)
-    p = sub.add_parser("bench", help="stock reference vs labs fast path, same GPUs, one invocation")
-    p.add_argument("--preset", default="qwen2.5-7b")
-    p.add_argument("--cases", default="stock-zero3,labs-zero3", help="comma-separated names from labs.bench.CASES")
-    p.add_argument("--steps", type=int, default=8, help="steps per case; the first 2 are warm-up")
-    p.add_argument("--seq-len", type=int)
-    p.add_argument("--micro-batch", type=int)
-    p.add_argument("--out", help="JSON result file (written after every case)")
-    p.add_argument("--work", help="folder for the cases' run folders (default: a new temporary folder)")
-    p.add_argument("--quiet", action="store_true")
-    p = sub.add_parser("env", help="environment report with fixes")
-    p.add_argument("--json", action="store_true")
+    _bench_args(sub)
+    p = sub.add_parser("env", help="versions, GPUs, which DeepSpeed ops build here, and fixes for what is wrong")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
     from labs.memory import cli as memory_cli
     memory_cli.add_parser(sub)
     try:
@@ -63,6 +104,12 @@ def main(argv=None) -> int:
     except RankFailed as exc:
         print(f"labs: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("labs: interrupted: every process of the run was stopped; no run folder was kept", file=sys.stderr)
+        return 130
+    except RunStopped as exc:
+        print(f"labs: {exc}: every process of the run was stopped; no run folder was kept", file=sys.stderr)
+        return 128 + exc.signum
 
 
 def _dispatch(args) -> int:

@@ -22,15 +22,20 @@ def find(name) -> Path:
 
 def load(path) -> dict:
     path = find(path)
+    if path.is_dir():
+        raise LabsError(f"config '{path}' is a directory; pass a DeepSpeed JSON file such as zero3.json")
     if not path.is_file():
-        raise LabsError(f"config '{path}' does not exist; pass a DeepSpeed JSON file such as ds_configs/zero3.json")
+        raise LabsError(f"config '{path}' does not exist; pass a DeepSpeed JSON file such as zero3.json "
+                        "(a path, or a file name in the course's ds_configs/)")
     try:
-        config = json.loads(path.read_text())
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise LabsError(f"config '{path}' is not UTF-8 text (byte {exc.start}); save it as UTF-8 JSON") from None
     except json.JSONDecodeError as exc:
         raise LabsError(f"config '{path}' is not valid JSON: line {exc.lineno} column {exc.colno}: {exc.msg} "
                         "(plain JSON: no comments, no trailing commas)") from None
     if not isinstance(config, dict):
-        raise LabsError(f"config '{path}' must hold a JSON object")
+        raise LabsError(f"config '{path}' must hold a JSON object ({{...}}), not a {type(config).__name__}")
     return config
 
 

@@ -73,11 +73,13 @@ def embedded_documents() -> list[str]:
 
 def check_path(path) -> Path:
     path = Path(path)
+    if path.is_dir():
+        raise LabsError(f"--data '{path}' is a directory; pass a .txt or .jsonl file")
     if not path.is_file():
-        raise LabsError(f"data file '{path}' does not exist; pass a .txt or .jsonl file, or leave --data out "
+        raise LabsError(f"--data '{path}' does not exist; pass a .txt or .jsonl file, or leave --data out "
                         "for the embedded corpus")
     if path.suffix not in (".txt", ".jsonl"):
-        raise LabsError(f"data file '{path}' must end in .txt or .jsonl")
+        raise LabsError(f"--data '{path}' must end in .txt or .jsonl")
     return path
 
 
@@ -86,23 +88,47 @@ def read_documents(path: str | os.PathLike | None) -> list[str]:
     (one {"text": ...} object per line)."""
     if path is None:
         return embedded_documents()
-    path = check_path(path)
-    if path.suffix == ".txt":
-        return [path.read_text(encoding="utf-8")]
-    documents = []
-    with path.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise LabsError(f"{path}:{number}: not valid JSON ({exc.msg}); each line must be "
-                                '{"text": "..."}') from None
-            if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-                raise LabsError(f'{path}:{number}: needs a string field "text"')
-            documents.append(record["text"])
-    return documents
+    return list(_documents(check_path(path)))
+
+
+def _documents(path: Path):
+    """The file's documents one by one, with errors that name the line (or byte) that is wrong."""
+    try:
+        if path.suffix == ".txt":
+            yield path.read_text(encoding="utf-8")
+            return
+        with path.open(encoding="utf-8") as lines:
+            for number, line in enumerate(lines, 1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise LabsError(f"{path}:{number}: not valid JSON ({exc.msg}); each line must be "
+                                    '{"text": "..."}') from None
+                if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+                    raise LabsError(f'{path}:{number}: needs a string field "text"')
+                yield record["text"]
+    except UnicodeDecodeError as exc:
+        raise LabsError(f"--data '{path}' is not UTF-8 text (byte {exc.start}: {exc.reason}); "
+                        "convert it to UTF-8") from None
+
+
+def check_enough_tokens(path, sequences: int, seq_len: int) -> int:
+    """Fail early unless the corpus yields at least `sequences` rows of `seq_len` tokens (one micro-batch per
+    rank). Every line of a .jsonl file is checked; tokenising stops once there is enough. Returns the tokens
+    counted (a lower bound for a large file)."""
+    needed, found = sequences * seq_len, 0
+    eot = tokenizer().eot_token
+    documents = embedded_documents() if path is None else _documents(check_path(path))
+    for document in documents:
+        if found < needed:
+            found += len(encode(document)) + (eot is not None)
+    if found < needed:
+        where = "the embedded corpus" if path is None else f"--data '{path}'"
+        raise LabsError(f"{where} has {found:,} tokens, fewer than {sequences} sequence(s) of {seq_len} "
+                        f"({needed:,} tokens: one micro-batch per rank); bring more text or use a shorter --seq-len")
+    return found
 
 
 def corpus_tokens(path=None) -> torch.Tensor:

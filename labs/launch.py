@@ -1,4 +1,4 @@
-"""The host side: check the inputs, write the run folder's inputs, start the ranks, stream their output,
+"""The host side of a run: check every input, write the run folder's inputs, start the ranks, stream their output,
 and publish the run folder only when every rank finished.
 
     from labs import launch
@@ -6,13 +6,13 @@ and publish the run folder only when every rank finished.
     run.summary["final_loss"], run.metrics[-1]
 
 Without a GPU it starts 2 CPU ranks (gloo, DS_ACCELERATOR=cpu); with GPUs, one rank per GPU (NCCL).
+`prepare` does every check that needs no rank; bad input raises LabsError before anything is written.
 """
 from __future__ import annotations
 
 import json
 import os
 import shlex
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -20,62 +20,86 @@ from pathlib import Path
 import torch
 
 from labs import config as config_lib
-from labs import data, models, resolve, runfolder
+from labs import data, models, preflight, resolve, runfolder, supervisor
 from labs.env import repaired_environment
 from labs.errors import LabsError, RankFailed, check_choice
+from labs.memory.units import parse_bytes
 from labs.runfolder import Run
 
 ENGINES = ("deepspeed", "fsdp2")
 # What the rank loop can measure besides training (labs.instruments): the engine's tensors after the last backward,
 # the bytes every collective moves, ZeRO's working buffers. Named here so bad names fail before any rank starts.
 INSTRUMENTS = ("state_bytes", "comm", "zero_buffers")
+GPU_ONLY = {"loss": "liger", "kernels": "liger"}       # Liger's Triton kernels
 
 
 def prepare(preset="tiny", config=resolve.DEFAULT_CONFIG, steps=30, out="runs/demo", nproc=None, model_path=None,
             seed=0, micro_batch=None, grad_accum=None, seq_len=None, lr=None, data_path=None, loss="hf",
             activation_checkpointing="none", warmup_steps=2, engine="deepspeed", stock=False, kernels="stock",
-            precision=None, instruments=("state_bytes",)):
+            precision=None, instruments=("state_bytes",), gpu_memory=None, memory_check=True):
     """Check every input before anything is written; return (spec, resolved DeepSpeed config).
-    `instruments` names what the rank loop measures besides training (INSTRUMENTS)."""
+    `instruments` names what the rank loop measures besides training (INSTRUMENTS); `gpu_memory` caps each rank's
+    GPU memory (e.g. "80GiB" or "H100": an H200 then behaves as an 80 GB card)."""
     models.check_preset(preset)
     check_choice("engine", engine, ENGINES)
     check_choice("loss", loss, models.LOSSES)
     check_choice("kernels", kernels, models.KERNELS)
     for name in instruments:
         check_choice("instrument", name, INSTRUMENTS)
-    if not isinstance(steps, int) or steps < 1:
-        raise LabsError(f"--steps must be a positive integer, not {steps!r}")
+    preflight.check_positive("--steps", steps)
+    for flag, value in (("--nproc", nproc), ("--micro-batch", micro_batch), ("--grad-accum", grad_accum),
+                        ("--seq-len", seq_len)):
+        if value is not None:
+            preflight.check_positive(flag, value)
+    if lr is not None:
+        preflight.check_positive("--lr", lr, kind=float)
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise LabsError(f"--seed must be a non-negative integer, not {seed!r}")
+    if not isinstance(warmup_steps, int) or warmup_steps < 0:
+        raise LabsError(f"warmup_steps must be a non-negative integer, not {warmup_steps!r}")
+    on_gpu = torch.cuda.is_available()
+    for option, value in (("loss", loss), ("kernels", kernels)):
+        if value == GPU_ONLY[option] and not on_gpu:
+            raise LabsError(f"--{option} {value}: Liger's Triton kernels need an NVIDIA GPU; on a CPU use "
+                            f"--{option} {'chunked' if option == 'loss' else 'stock'}")
+    runfolder.check_out(Path(out))
     raw = config_lib.load(config)
+    preflight.check_top_level_keys(raw, config_lib.find(config))
     dims = models.shape(preset)
     if model_path is not None:
         model_path = str(models.check_model_path(model_path).resolve())
-        dims = models.shape(_hf_config(model_path))
-    if data_path is not None:
-        data_path = str(Path(data_path).resolve())
-        data.check_path(data_path)
+        dims = preflight.check_model_folder(Path(model_path))
     models.checkpointed_layers(activation_checkpointing, dims["num_hidden_layers"])
-    on_gpu = torch.cuda.is_available()
     nproc = nproc or (torch.cuda.device_count() if on_gpu else 2)
     resolved = resolve.ds_config(raw, world_size=nproc, dims=dims, steps=steps, on_gpu=on_gpu, preset=preset,
                                  micro_batch=micro_batch, grad_accum=grad_accum, lr=lr, precision=precision)
+    preflight.check_ds_config(resolved, config_lib.find(config))
     if on_gpu:
         config_lib.check_nvme_paths(resolved)
+    seq_len = seq_len or resolve.run_defaults(preset)["seq_len"]
+    gpu_memory_bytes = parse_bytes(gpu_memory) if gpu_memory is not None else None
+    if memory_check:
+        preflight.check_hardware(nproc, on_gpu, seq_len, dims, dict(
+            dims=dims, gpus_per_node=nproc, seq_len=seq_len, loss=loss, kernels=kernels, engine=engine,
+            activation_checkpointing=activation_checkpointing, ds_config=resolved), gpu_memory_bytes)
+    if data_path is not None:
+        data_path = str(Path(data_path).resolve())
+    data.check_enough_tokens(data_path, nproc * resolved["train_micro_batch_size_per_gpu"], seq_len)
     spec = dict(preset=preset, config=str(config_lib.find(config)), steps=steps, seed=seed, nproc=nproc,
-                model_path=model_path, seq_len=seq_len or resolve.run_defaults(preset)["seq_len"], data=data_path,
-                loss=loss, dims=dims, activation_checkpointing=str(activation_checkpointing),
-                warmup_steps=warmup_steps, engine=engine, stock=stock, kernels=kernels, instruments=list(instruments),
+                model_path=model_path, seq_len=seq_len, data=data_path, loss=loss, dims=dims,
+                activation_checkpointing=str(activation_checkpointing), warmup_steps=warmup_steps, engine=engine,
+                stock=stock, kernels=kernels, instruments=list(instruments), gpu_memory_bytes=gpu_memory_bytes,
                 precision=config_lib.precision(resolved), out=str(Path(out)))
     return spec, resolved
 
 
 def run(out="runs/demo", stream=True, **kwargs) -> Run:
     """Launch a training run (all keyword arguments of `prepare`) and wait for it. Raises LabsError for bad
-    input (nothing written) and RankFailed with the failing rank's traceback if training crashes."""
+    input (nothing written), RankFailed naming the rank that failed first, KeyboardInterrupt or RunStopped when
+    interrupted (every process of the run stopped, nothing kept)."""
     spec, resolved = prepare(out=out, **kwargs)
     spec["progress"] = "bar" if sys.stdout.isatty() else "lines"
-    out = Path(out)
-    work = runfolder.partial_folder(out)
-    try:
+    with runfolder.claim(Path(out)) as work:
         env, repairs = repaired_environment(spec["nproc"], config_lib.offloads(resolved)["optimizer"] == "cpu")
         env = _with_labs_importable(env)
         command = launcher_command(spec["nproc"], work)
@@ -89,49 +113,19 @@ def run(out="runs/demo", stream=True, **kwargs) -> Run:
              "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, indent=1) + "\n")
         for repair in repairs:
             print(f"labs: repaired {repair}", flush=True)
-        code = _stream(command, env, work / "launch.log", echo=stream)
+        oom_before = supervisor.oom_kills()
+        code = supervisor.run(command, env, work / "launch.log", echo=stream)
         if code != 0:
-            raise RankFailed(_failure_message(work, code))
-        runfolder.publish(work, out)
-    except BaseException:
-        runfolder.discard(work)
-        raise
+            raise RankFailed(supervisor.failure_message(work, code, oom_before))
+        runfolder.publish(work, Path(out))
     return Run(out)
 
 
 def launcher_command(nproc: int, run_dir: Path) -> list[str]:
-    """torchrun, one host. (The `deepspeed` launcher would do the same here through an extra process;
-    labs.multinode writes the multi-host commands.)"""
-    # --standalone: torchrun's own rendezvous on a port it holds open, so concurrent launches never collide.
+    """torchrun, one host. --standalone: torchrun's own rendezvous on a port it holds open, so concurrent launches
+    never collide."""
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
             "-m", "labs.rank", str(run_dir)]
-
-
-def _stream(command, env, log_path, echo) -> int:
-    """Run the launcher, copying its output (rank 0's progress bar included) to our stdout and a log."""
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        while chunk := process.stdout.read1(4096):
-            log.write(chunk)
-            if echo:
-                sys.stdout.write(chunk.decode("utf-8", "replace"))
-                sys.stdout.flush()
-        return process.wait()
-
-
-def _failure_message(work: Path, code: int) -> str:
-    errors = sorted(work.glob("rank*.err"), key=lambda p: p.stat().st_mtime)
-    if errors:   # the earliest is the rank that failed first; the others usually died waiting for it
-        return f"{errors[0].stem.replace('rank', 'rank ')} failed (launcher exit code {code}):\n" + \
-            errors[0].read_text()
-    tail = (work / "launch.log").read_bytes()[-4000:].decode("utf-8", "replace")
-    return f"the launcher exited with code {code} before any rank reported an error; its output ended:\n{tail}"
-
-
-def _hf_config(model_path):
-    from transformers import AutoConfig
-
-    return AutoConfig.from_pretrained(model_path)
 
 
 def _with_labs_importable(env: dict) -> dict:

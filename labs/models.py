@@ -55,7 +55,7 @@ def shape(preset_or_config) -> dict:
     cfg = PRESETS[check_preset(preset_or_config)] if isinstance(preset_or_config, str) else \
         preset_or_config.to_dict()
     return {k: cfg[k] for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-                                "intermediate_size", "vocab_size", "tie_word_embeddings")}
+                                "intermediate_size", "vocab_size", "tie_word_embeddings", "max_position_embeddings")}
 
 
 def param_counts(dims: dict) -> dict:

@@ -6,13 +6,18 @@ so the launcher can show the rank that failed first with its own traceback.
 """
 import json
 import os
+import signal
 import sys
 import traceback
 from pathlib import Path
 
-from labs import instruments, train
+from labs import instruments, supervisor, train
 
 if __name__ == "__main__":
+    # Die with torchrun, however it ends (even SIGKILL): no rank may outlive its run.
+    supervisor.die_with_parent(signal.SIGKILL)
+    if os.getppid() == 1:
+        sys.exit("labs.rank: the launcher is already gone")
     run_dir = Path(sys.argv[1])
     try:
         spec = json.loads((run_dir / "run.json").read_text())

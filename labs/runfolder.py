@@ -1,21 +1,35 @@
-"""A run folder: everything about one training run in one place, and how it comes into being.
+"""A run folder: everything about one training run in one place, and how it comes into being safely.
 
     run = Run("runs/demo")
     run.spec, run.ds_config, run.metrics, run.summary, run.losses
 
-What a finished folder holds: run.json (the resolved inputs), ds_config.json (the resolved DeepSpeed config),
-command.txt, environment.json, launch.log, metrics.jsonl (one line per optimizer step) and summary.json.
-labs.launch writes it as a hidden `.NAME.partial` folder beside the target and renames it into place only when
-every rank has finished, so a crashed run never looks like a finished one.
+A finished folder holds run.json (the resolved inputs), ds_config.json (the resolved DeepSpeed config),
+command.txt, environment.json, launch.log, metrics.jsonl (one line per optimizer step), summary.json, and the
+marker `.labs-run` that says labs wrote it. The rules that keep a user's files safe:
+- `--out` may name nothing yet, or a run folder labs wrote (it is replaced when the new run succeeds). Anything
+  else (a file, a folder of other things) is refused before any rank starts.
+- While a run works, it holds a lock beside the target (`.NAME.lock`): a second run with the same `--out` is told
+  so at once. Its ranks write into a folder of its own (`.NAME.partial-PID`), renamed into place only when every
+  rank has finished, so a crashed run never looks like a finished one.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import os
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from labs import metrics
+from labs.errors import LabsError
+
+MARKER = ".labs-run"
+# What a labs run folder holds (folders written before the marker existed are recognised by these names alone).
+KNOWN = {MARKER, "run.json", "ds_config.json", "command.txt", "environment.json", "launch.log", "metrics.jsonl",
+         "summary.json", "checkpoints", "configs"}
 
 
 @dataclass
@@ -47,24 +61,85 @@ class Run:
         return [m["loss"] for m in self.metrics]
 
 
-def partial_folder(out: Path) -> Path:
-    """A fresh working folder beside `out`, where the ranks write until the run is done."""
-    work = (out.parent / f".{out.name}.partial").resolve()
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    return work
+def is_run_folder(path: Path) -> bool:
+    """Did labs write this folder? Its marker, or (older runs) only the names a run folder holds, with run.json."""
+    if not path.is_dir():
+        return False
+    names = {p.name for p in path.iterdir()}
+    return MARKER in names or ("run.json" in names and "command.txt" in names and
+                               not {n for n in names if not n.startswith("rank")} - KNOWN)
+
+
+def check_out(out: Path) -> None:
+    """May a run write `out`? Nothing is written; a problem is one LabsError line."""
+    out = Path(out)
+    if out.exists() or out.is_symlink():
+        if not out.is_dir() or out.is_symlink():
+            raise LabsError(f"--out '{out}' is an existing file; labs writes a run folder there only where nothing "
+                            "is, or an earlier labs run folder: choose another --out")
+        if not is_run_folder(out):
+            raise LabsError(f"--out '{out}' is a folder labs did not write (no {MARKER} marker); labs replaces only "
+                            "its own run folders: choose another --out, or empty it yourself")
+    parent = out.parent
+    while not parent.exists():          # the nearest folder that exists must let us create what is missing
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise LabsError(f"--out '{out}': cannot create it, '{parent}' is not a writable folder")
+    if out.exists() and not os.access(out.parent, os.W_OK | os.X_OK):
+        raise LabsError(f"--out '{out}': '{out.parent}' is not writable, so the old run cannot be replaced")
+
+
+@contextlib.contextmanager
+def claim(out: Path):
+    """Hold `out` for one run: take its lock (or say who holds it), clear this path's stale partial folders that an
+    earlier, killed labs process left, and yield a fresh working folder. The working folder is removed on any
+    failure; `publish` moves it into place on success. Call `check_out` first."""
+    out = Path(out).absolute()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with _lock(out.parent / f".{out.name}.lock", out):
+        for stale in out.parent.glob(f".{out.name}.partial-*"):
+            if (stale / MARKER).is_file():
+                shutil.rmtree(stale, ignore_errors=True)
+        work = out.parent / f".{out.name}.partial-{os.getpid()}"
+        work.mkdir()
+        (work / MARKER).write_text(json.dumps({"written_by": "labs", "pid": os.getpid(),
+                                               "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}) + "\n")
+        try:
+            yield work
+        finally:
+            shutil.rmtree(work, ignore_errors=True)        # gone already if published
 
 
 def publish(work: Path, out: Path):
-    """Swap the finished folder into place; an older run at the same path goes only now."""
-    old = out.parent / f".{out.name}.old"
-    shutil.rmtree(old, ignore_errors=True)
+    """Swap the finished folder into place (under the lock); an earlier run at the same path goes only now."""
+    out = Path(out).absolute()
+    old = out.parent / f".{out.name}.old-{os.getpid()}"
     if out.exists():
+        check_out(out)                  # still a run folder of ours? (it was, before the run started)
         out.rename(old)
     work.rename(out)
     shutil.rmtree(old, ignore_errors=True)
 
 
-def discard(work: Path):
-    """Remove a working folder this run made (after a failure)."""
-    shutil.rmtree(work, ignore_errors=True)
+@contextlib.contextmanager
+def _lock(path: Path, out: Path):
+    """An exclusive flock on `path`, released when the block ends or the process dies (even by SIGKILL)."""
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 200).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise LabsError(f"--out '{out}' is being written by another labs run ({holder}); wait for it to "
+                            "finish or choose another --out") from None
+        if os.path.exists(path) and os.stat(path).st_ino == os.fstat(fd).st_ino:
+            break                      # the lock file we hold is still the one at that path
+        os.close(fd)                   # it was removed and replaced between open and lock: try again
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()}, since {time.strftime('%H:%M:%S')}".encode())
+        yield
+    finally:
+        os.unlink(path)
+        os.close(fd)

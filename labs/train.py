@@ -46,7 +46,7 @@ def main(run_dir: Path, instruments: list[Instrument] = ()):
     spec = json.loads((run_dir / "run.json").read_text())
     ds_config = json.loads((run_dir / "ds_config.json").read_text())
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    device = _device(int(os.environ["LOCAL_RANK"]))
+    device = _device(int(os.environ["LOCAL_RANK"]), spec.get("gpu_memory_bytes"))
     for instrument in instruments:
         instrument.before_engine()
     engine = build_engine(spec, ds_config, device)
@@ -117,9 +117,13 @@ def build_engine(spec: dict, ds_config: dict, device: torch.device):
     return engine
 
 
-def _device(local_rank: int) -> torch.device:
+def _device(local_rank: int, memory_cap_bytes: int | None = None) -> torch.device:
     if torch.cuda.is_available():
         torch.cuda.set_device(local_rank)
+        if memory_cap_bytes:
+            # Behave like a smaller card (e.g. an 80 GB H100 on an H200): the caching allocator refuses more.
+            total = torch.cuda.get_device_properties(local_rank).total_memory
+            torch.cuda.set_per_process_memory_fraction(min(1.0, memory_cap_bytes / total), local_rank)
         return torch.device("cuda", local_rank)
     return torch.device("cpu")
 

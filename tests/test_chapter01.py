@@ -31,7 +31,7 @@ def test_gpu_results_are_compared_with_the_prediction_for_that_run():
 @pytest.mark.parametrize("preset", ["tiny", "qwen2.5-7b"])
 def test_calculator_run_and_widget_agree_on_every_default(preset):
     """One resolver: what `labs train` would run and what `labs memory` / the widget assume when nobody says."""
-    spec, resolved = launch.prepare(preset=preset, nproc=2)
+    spec, resolved = launch.prepare(preset=preset, nproc=2, memory_check=False)   # a 7B plan on a CPU machine
     est = memory.estimate(preset, gpus_per_node=2)
     assert est.inputs["micro_batch"] == resolved["train_micro_batch_size_per_gpu"]
     assert est.inputs["seq_len"] == spec["seq_len"]

@@ -177,7 +177,9 @@ def test_cli_json():
 
 
 @pytest.mark.parametrize("args,message", [
-    (("--preset", "tiny", "--stage", "7"), "ZeRO stage must be 0, 1, 2 or 3"),
+    (("--preset", "tiny", "--stage", "7"), "invalid choice: 7"),
+    (("--preset", "tiny", "--micro-batch", "0"), "--micro-batch: must be at least 1, not 0"),
+    (("--params", "nan"), "params must be a positive, finite number"),
     (("--params", "lots"), "params 'lots' is not a number"),
     (("--preset", "tiny", "--params", "7e9"), "exactly one of --preset"),
     (("--preset", "tiny", "--gpu-memory", "80XB"), "memory size '80XB'"),

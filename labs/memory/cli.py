@@ -9,7 +9,7 @@ import json
 
 from labs import config
 from labs.table import Table
-from labs.errors import LabsError
+from labs.errors import LabsError, positive_int
 from labs.memory.accounting import OPTIMIZERS
 from labs.memory.advise import advise
 from labs.memory.estimate import MemoryEstimate, estimate
@@ -20,15 +20,16 @@ def add_parser(sub):
     p = sub.add_parser("memory", help="predict memory per GPU and per host (and whether it fits)")
     p.add_argument("--preset", help="tiny | qwen-7b | qwen2.5-7b")
     p.add_argument("--params", help="a parameter count instead of a preset, e.g. 7.5e9 (model states only)")
-    p.add_argument("--stage", type=int, help="ZeRO stage 0-3 (default: the --config's, else 3)")
-    p.add_argument("--gpus", type=int, default=1, help="GPUs per node (default 1)")
-    p.add_argument("--nodes", type=int, default=1)
+    p.add_argument("--stage", type=int, choices=(0, 1, 2, 3), help="ZeRO stage (default: the --config's, else 3)")
+    p.add_argument("--gpus", type=positive_int, default=1, help="GPUs per node (default: 1)")
+    p.add_argument("--nodes", type=positive_int, default=1, help="nodes (default: 1)")
     p.add_argument("--precision", help="bf16 | fp16 | fp32 (default: the --config's, else bf16)")
     p.add_argument("--offload-optimizer", help="none | cpu | nvme (default: the --config's, else none)")
     p.add_argument("--offload-param", help="none | cpu | nvme, ZeRO-3 only (default: the --config's, else none)")
-    p.add_argument("--micro-batch", type=int, help="sequences per GPU per step (default: the --config's, else what "
-                                                   "`labs train` uses for the preset)")
-    p.add_argument("--seq-len", type=int, help="tokens per sequence (default: what `labs train` uses for the preset)")
+    p.add_argument("--micro-batch", type=positive_int,
+                   help="sequences per GPU per step (default: the --config's, else what `labs train` uses)")
+    p.add_argument("--seq-len", type=positive_int, help="tokens per sequence (default: what `labs train` uses for "
+                                                        "the preset)")
     p.add_argument("--activation-checkpointing", default="none", help="none | full | number of layers")
     p.add_argument("--loss", default="hf", help="hf | chunked | liger")
     p.add_argument("--kernels", default="stock", help="stock | liger")

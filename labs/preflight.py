@@ -1,0 +1,219 @@
+"""Checks that need more than a glance, run on the host before any rank starts (labs.launch.prepare calls them):
+the DeepSpeed config against DeepSpeed's own config classes, a local model folder against the architecture labs
+trains, and what the hardware can hold. Each failure is one LabsError line that names the key or path.
+"""
+from __future__ import annotations
+
+import difflib
+import functools
+import json
+import math
+import os
+from pathlib import Path
+
+import torch
+
+from labs import memory, models
+from labs.errors import LabsError
+
+# Top-level keys labs itself reads (DeepSpeed ignores them): the FSDP2 engine's settings.
+LABS_KEYS = ("fsdp",)
+# DeepSpeed's pydantic sections, by the class name its validation errors carry.
+SECTIONS = {"DeepSpeedZeroConfig": "zero_optimization", "DeepSpeedZeroOffloadOptimizerConfig":
+            "zero_optimization.offload_optimizer", "DeepSpeedZeroOffloadParamConfig": "zero_optimization.offload_param",
+            "DeepSpeedBF16Config": "bf16", "DeepSpeedFP16Config": "fp16", "DeepSpeedActivationCheckpointingConfig":
+            "activation_checkpointing", "DeepSpeedCommsConfig": "comms_logger", "DeepSpeedMonitorConfig": "monitor"}
+
+
+def check_top_level_keys(raw: dict, source) -> None:
+    """Every top-level key must be one DeepSpeed reads (or labs' own): a misspelt section would otherwise be
+    ignored without a word, and the run would train without it."""
+    known = deepspeed_top_level_keys()
+    for key in raw:
+        if key not in known and key not in LABS_KEYS:
+            guess = difflib.get_close_matches(key, sorted(known | set(LABS_KEYS)), n=1)
+            hint = f"did you mean '{guess[0]}'?" if guess else "DeepSpeed does not know it; remove it"
+            raise LabsError(f"config key '{key}' in '{source}' is not a DeepSpeed setting: {hint}")
+
+
+@functools.lru_cache(maxsize=1)
+def deepspeed_top_level_keys() -> frozenset:
+    """The top-level keys this DeepSpeed version reads: DeepSpeedConfig asks for each one it knows, present or not,
+    so parsing a complete config while recording its lookups lists them."""
+    os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    recorder = _ReadRecorder(train_batch_size=1, train_micro_batch_size_per_gpu=1, gradient_accumulation_steps=1)
+    DeepSpeedConfig(recorder)
+    return frozenset(recorder.read)
+
+
+def check_ds_config(resolved: dict, source) -> None:
+    """Parse the resolved config with DeepSpeed's own DeepSpeedConfig: its pydantic sections refuse unknown or
+    ill-typed keys, and every top-level key DeepSpeed never reads is refused with a "did you mean"."""
+    os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
+    from deepspeed.runtime.config import DeepSpeedConfig
+    from pydantic import ValidationError
+
+    # Without a process group DeepSpeed assumes one rank: validate a one-rank twin (labs checked the batch sizes).
+    twin = _ReadRecorder({key: value for key, value in resolved.items() if key not in LABS_KEYS})
+    twin["train_batch_size"] = resolved["train_micro_batch_size_per_gpu"] * resolved["gradient_accumulation_steps"]
+    try:
+        DeepSpeedConfig(twin)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        section = SECTIONS.get(exc.title, exc.title)
+        key = ".".join([section] + [str(part) for part in error["loc"]])
+        raise LabsError(f"config key '{key}' in '{source}': {error['msg']} (got {error.get('input')!r})") from None
+    except (AssertionError, ValueError, TypeError, KeyError) as exc:
+        raise LabsError(f"config '{source}' is refused by DeepSpeed: {str(exc).splitlines()[0]}") from None
+    check_top_level_keys({key: None for key in twin if key not in twin.read}, source)
+    _check_optimizer_and_schedule(resolved, source)
+
+
+def _check_optimizer_and_schedule(resolved: dict, source) -> None:
+    """What DeepSpeed only finds out inside every rank: an optimizer or scheduler it cannot build, a learning rate
+    that is not a positive number."""
+    from deepspeed.runtime.config import DEEPSPEED_OPTIMIZERS
+    from deepspeed.runtime.lr_schedules import VALID_LR_SCHEDULES
+
+    optimizer = resolved.get("optimizer") or {}
+    name = optimizer.get("type")
+    if optimizer and not (isinstance(name, str) and (name.lower() in DEEPSPEED_OPTIMIZERS or
+                                                     getattr(torch.optim, name, None) is not None)):
+        guess = difflib.get_close_matches(str(name), [n for n in dir(torch.optim) if n[0].isupper()], n=1)
+        raise LabsError(f"config key 'optimizer.type' in '{source}' is {name!r}, which neither DeepSpeed nor "
+                        f"torch.optim has" + (f": did you mean '{guess[0]}'?" if guess else ""))
+    lr = (optimizer.get("params") or {}).get("lr")
+    if optimizer and not (isinstance(lr, (int, float)) and not isinstance(lr, bool) and math.isfinite(lr) and lr > 0):
+        raise LabsError(f"config key 'optimizer.params.lr' in '{source}' must be a positive number, not {lr!r}")
+    scheduler = resolved.get("scheduler") or {}
+    if scheduler and scheduler.get("type") not in VALID_LR_SCHEDULES and \
+            getattr(torch.optim.lr_scheduler, str(scheduler.get("type")), None) is None:
+        raise LabsError(f"config key 'scheduler.type' in '{source}' is {scheduler.get('type')!r}; DeepSpeed's "
+                        f"schedules are {', '.join(VALID_LR_SCHEDULES)}")
+
+
+class _ReadRecorder(dict):
+    """A config dict that remembers which top-level keys DeepSpeed looked at (it reads each with get or [])."""
+    read: set
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.read = set()
+
+    def __copy__(self):        # DeepSpeedConfig works on a shallow copy: keep recording into the same set
+        twin = _ReadRecorder(self)
+        twin.read = self.read
+        return twin
+
+    def get(self, key, default=None):
+        self.read.add(key)
+        return super().get(key, default)
+
+    def __getitem__(self, key):
+        self.read.add(key)
+        return super().__getitem__(key)
+
+    def __contains__(self, key):
+        self.read.add(key)
+        return super().__contains__(key)
+
+    def keys(self):                 # DeepSpeed also asks `KEY in param_dict.keys()`
+        return _RecordedKeys(self)
+
+
+class _RecordedKeys:
+    def __init__(self, config: _ReadRecorder):
+        self.config = config
+
+    def __contains__(self, key):
+        return key in self.config
+
+    def __iter__(self):
+        return iter(dict.keys(self.config))
+
+    def __len__(self):
+        return len(self.config)
+
+
+def check_model_folder(path: Path) -> dict:
+    """A local Hugging Face folder labs can train: a Qwen2 config, and weights whose names and shapes match it
+    (read from the safetensors headers, no tensor loaded). Returns the model's dims."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        raw = json.loads((path / "config.json").read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise LabsError(f"--model-path '{path}': config.json is not valid JSON ({exc})") from None
+    if raw.get("model_type") != "qwen2":
+        raise LabsError(f"--model-path '{path}' holds a '{raw.get('model_type')}' model; labs trains the Qwen2 "
+                        "architecture (model_type 'qwen2': Qwen1.5, Qwen2, Qwen2.5)")
+    config = AutoConfig.from_pretrained(path)
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        other = sorted(p.name for p in path.glob("*.bin"))
+        raise LabsError(f"--model-path '{path}' has no *.safetensors weights" +
+                        (f" (found {other[0]}: convert it with save_pretrained(safe_serialization=True))"
+                         if other else ""))
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    if config.tie_word_embeddings:
+        expected.pop("lm_head.weight", None)
+    found = _safetensors_shapes(files)
+    for name, shape in expected.items():
+        if name not in found:
+            raise LabsError(f"--model-path '{path}': weight '{name}' is missing from {', '.join(f.name for f in files)}")
+        if found[name] != shape:
+            raise LabsError(f"--model-path '{path}': weight '{name}' has shape {list(found[name])}, but config.json "
+                            f"says {list(shape)}")
+    return models.shape(config)
+
+
+def _safetensors_shapes(files) -> dict:
+    from safetensors import safe_open
+
+    shapes = {}
+    for file in files:
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                for name in f.keys():
+                    shapes[name] = tuple(f.get_slice(name).get_shape())
+        except Exception as exc:        # a truncated or foreign file: the library's own words
+            raise LabsError(f"--model-path: '{file}' is not a readable safetensors file ({exc})") from None
+    return shapes
+
+
+def check_positive(name: str, value, kind=int):
+    """A flag that must be a positive number (0 is refused, never read as 'not given')."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    if not ok or (kind is int and not isinstance(value, int)):
+        raise LabsError(f"{name} must be a positive {'integer' if kind is int else 'number'}, not {value!r}")
+    return value
+
+
+def check_hardware(nproc: int, on_gpu: bool, seq_len: int, dims: dict, estimate_kwargs: dict,
+                   gpu_memory_bytes: int | None = None) -> None:
+    """What is known before launching: ranks vs devices, sequence vs positions, and labs.memory's peak against the
+    memory each rank has (a GPU, or this host's share for CPU ranks). Refused when the prediction is 25% over:
+    the model is within 10% on every recorded GPU run."""
+    devices = torch.cuda.device_count() if on_gpu else (os.cpu_count() or 1)
+    if nproc > devices:
+        what = f"{devices} GPU(s)" if on_gpu else f"{devices} CPU core(s); each CPU rank needs one"
+        raise LabsError(f"--nproc {nproc}: this machine has {what}")
+    positions = dims.get("max_position_embeddings")
+    if positions and seq_len > positions:
+        raise LabsError(f"--seq-len {seq_len} is longer than the model's {positions} positions "
+                        "(max_position_embeddings)")
+    estimate = memory.estimate(**estimate_kwargs)
+    if on_gpu:
+        have = gpu_memory_bytes or torch.cuda.get_device_properties(0).total_memory
+        need, where = estimate.total_per_gpu_bytes, "per GPU"
+    else:
+        have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / nproc
+        need, where = estimate.total_per_gpu_bytes + estimate.host_per_node_bytes / nproc, "per CPU rank"
+    if need > 1.25 * have:
+        raise LabsError(f"labs.memory predicts a peak of {need / 2**30:,.1f} GiB {where}, far above the "
+                        f"{have / 2**30:,.1f} GiB there is; see `labs memory ... --gpu-memory` for what fits "
+                        "(or pass --no-memory-check)")

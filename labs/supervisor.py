@@ -1,0 +1,131 @@
+"""The launcher and its ranks, owned by the labs process that started them.
+
+- torchrun runs in a session of its own, told to take SIGTERM when labs dies (even by SIGKILL); each rank is told
+  to die with torchrun (labs.rank). So no rank outlives the run.
+- SIGINT (Ctrl-C) and SIGTERM to labs stop torchrun, which stops its ranks; after a grace period the rest is killed.
+- When a rank dies, torchrun stops the others; `failure_message` then names the rank that failed first and how:
+  its Python traceback, the signal that killed it, or the kernel's OOM killer.
+
+    python -m labs.supervisor TORCHRUN_ARGS...     # what labs runs: sets the parent-death signal, then execs
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from labs.errors import RunStopped
+
+GRACE_S = 10          # torchrun's time to stop its ranks before everything left is killed
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent(sig: int):
+    """Ask the kernel to send `sig` to this process when its parent dies (Linux; elsewhere a no-op)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(sig))
+
+
+def run(command: list[str], env: dict, log_path: Path, echo: bool) -> int:
+    """Run the launcher `command`, copying its output (rank 0's progress included) to our stdout and a log;
+    returns its exit code. Interrupted, it stops the whole run before the exception goes on."""
+    wrapped = [sys.executable, "-m", "labs.supervisor", *command]
+    with open(log_path, "wb") as log, _signals_raise():
+        process = subprocess.Popen(wrapped, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
+        try:
+            while chunk := process.stdout.read1(4096):
+                log.write(chunk)
+                if echo:
+                    sys.stdout.write(chunk.decode("utf-8", "replace"))
+                    sys.stdout.flush()
+            return process.wait()
+        except BaseException:
+            stop(process)
+            raise
+
+
+def stop(process: subprocess.Popen):
+    """SIGTERM to the launcher's session, then SIGKILL to what is left after the grace period (the ranks die with
+    the launcher: their parent-death signal)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(GRACE_S)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+@contextlib.contextmanager
+def _signals_raise():
+    """SIGTERM and SIGHUP raise RunStopped (SIGINT already raises KeyboardInterrupt), where handlers can be set."""
+    def handler(signum, frame):
+        raise RunStopped(signum)
+
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+# ---------------------------------------------------------------------------------------------- diagnosis
+_FAILURE = re.compile(r"rank\s*:\s*(\d+) \(local_rank: \d+\)\s*\n\s*exitcode\s*:\s*(-?\d+) \(pid: \d+\)")
+
+
+def failure_message(work: Path, code: int, oom_kills_before: int | None) -> str:
+    """One line naming the rank that failed first and how, then its traceback if it left one."""
+    log = (work / "launch.log").read_bytes().decode("utf-8", "replace")
+    failures = {int(rank): int(exit_code) for rank, exit_code in _FAILURE.findall(log)}
+    errors = {int(p.stem[4:]): p for p in work.glob("rank*.err") if p.stem[4:].isdigit()}
+    # A rank killed by a signal (other than the SIGTERM torchrun sends the rest) is a cause; an exception in a
+    # rank whose peer vanished is usually a consequence. Among exceptions, the earliest written is the first.
+    killed = sorted(r for r, c in failures.items() if c < 0 and -c != signal.SIGTERM)
+    if killed:
+        rank, sig = killed[0], -failures[killed[0]]
+        how = f"was killed by signal {sig} ({signal.Signals(sig).name})"
+        oom_now = oom_kills()
+        if sig == signal.SIGKILL and oom_kills_before is not None and oom_now is not None and oom_now > oom_kills_before:
+            how += (f": the kernel's OOM killer (this machine's oom_kill count went {oom_kills_before} -> {oom_now});"
+                    " the run needs more memory than there is (check `labs memory`)")
+        return f"rank {rank} {how} (launcher exit code {code})"
+    if errors:
+        rank = min(errors, key=lambda r: errors[r].stat().st_mtime)
+        trace = errors[rank].read_text()
+        last = next((line for line in reversed(trace.strip().splitlines()) if line.strip()), "")
+        return f"rank {rank} failed: {last} (launcher exit code {code})\n{trace}"
+    if failures:
+        rank = min(failures)
+        return f"rank {rank} exited with code {failures[rank]} (launcher exit code {code})"
+    return f"the launcher exited with code {code} before any rank reported an error; its output ended:\n{log[-4000:]}"
+
+
+def oom_kills() -> int | None:
+    """How many processes the kernel's OOM killer has killed in this machine's (cgroup v2) memory domain."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/sys/fs/cgroup/memory.events").read_text().splitlines():
+            if line.startswith("oom_kill "):
+                return int(line.split()[1])
+    return None
+
+
+if __name__ == "__main__":
+    # The launcher's own process: take SIGTERM when labs dies, then become the launcher (exec keeps that setting).
+    die_with_parent(signal.SIGTERM)
+    if os.getppid() == 1:
+        sys.exit("labs.supervisor: labs exited before the launcher started")
+    os.execv(sys.argv[1], sys.argv[1:])

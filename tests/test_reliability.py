@@ -1,0 +1,221 @@
+"""Bad input never reaches a rank: one line `labs: error: ...` naming the key or path, exit code 2, nothing written.
+Run in-process (`cli.main`), as the `labs` entry point runs it: no rank starts, so these tests are fast."""
+import json
+
+import pytest
+
+from conftest import ROOT
+from labs import cli, runfolder
+from labs.errors import LabsError
+
+ZERO3 = json.loads((ROOT / "ds_configs/zero3.json").read_text())
+
+
+def _refused(tmp_path, capsys, *args, out=None) -> str:
+    out = out or tmp_path / "run"
+    before = sorted(p.name for p in tmp_path.iterdir())
+    code = cli.main(["train", "--out", str(out), "--steps", "2", *map(str, args)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("labs: error: "), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == before, "something was written"
+    return err[0]
+
+
+def _config(tmp_path, **changes) -> str:
+    config = json.loads(json.dumps(ZERO3))
+    for dotted, value in changes.items():
+        *parents, leaf = dotted.split("__")
+        node = config
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    path = tmp_path / "cfg.json"
+    path.write_text(json.dumps(config))
+    return str(path)
+
+
+# ------------------------------------------------------------------------------------------ flags
+@pytest.mark.parametrize("flag", ["--micro-batch", "--grad-accum", "--seq-len", "--nproc", "--steps"])
+def test_zero_is_refused_not_read_as_the_default(tmp_path, capsys, flag):
+    assert f"argument {flag}: must be at least 1, not 0" in _refused(tmp_path, capsys, flag, 0)
+
+
+@pytest.mark.parametrize("value", ["-1e-3", "nan", "inf", "0"])
+def test_learning_rate_must_be_positive(tmp_path, capsys, value):
+    assert "argument --lr: must be a positive number" in _refused(tmp_path, capsys, f"--lr={value}")
+
+
+def test_mistyped_flag_points_to_the_right_help(tmp_path, capsys):
+    assert "unrecognized arguments: --stpes" in _refused(tmp_path, capsys, "--stpes", 3)
+    assert cli.main(["trian"]) == 2
+    line = capsys.readouterr().err.strip()
+    assert "invalid choice: 'trian'" in line and "(see `labs --help`)" in line and "labs labs" not in line
+
+
+def test_more_ranks_than_cores(tmp_path, capsys):
+    assert "--nproc 64: this machine has" in _refused(tmp_path, capsys, "--nproc", 64)
+
+
+def test_gpu_only_loss_on_a_cpu(tmp_path, capsys):
+    assert "--loss liger: Liger's Triton kernels need an NVIDIA GPU" in _refused(tmp_path, capsys, "--loss", "liger")
+
+
+def test_sequence_longer_than_the_model_positions(tmp_path, capsys):
+    assert "--seq-len 4096 is longer than the model's 2048 positions" in \
+        _refused(tmp_path, capsys, "--seq-len", 4096)
+
+
+def test_more_checkpointed_layers_than_the_model_has(tmp_path, capsys):
+    assert "activation checkpointing '3': use none, full, or a number of layers from 0 to 2" in \
+        _refused(tmp_path, capsys, "--activation-checkpointing", 3)
+
+
+def test_a_7b_model_on_a_machine_without_the_memory(tmp_path, capsys):
+    line = _refused(tmp_path, capsys, "--preset", "qwen2.5-7b", "--nproc", 1)
+    assert "labs.memory predicts a peak of" in line and "far above" in line
+
+
+# ------------------------------------------------------------------------------------------ config
+def test_misspelt_top_level_key(tmp_path, capsys):
+    path = tmp_path / "cfg.json"
+    config = {k: v for k, v in ZERO3.items() if k != "zero_optimization"}
+    path.write_text(json.dumps({**config, "zero_optimisation": ZERO3["zero_optimization"]}))
+    assert "config key 'zero_optimisation'" in (line := _refused(tmp_path, capsys, "--config", path))
+    assert "did you mean 'zero_optimization'?" in line
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(zero_optimization__stage=5), "config key 'zero_optimization.stage'"),
+    (dict(zero_optimization__overlap_com=True), "config key 'zero_optimization.overlap_com'"),
+    (dict(zero_optimization__reduce_bucket_size="big"), "config key 'zero_optimization.reduce_bucket_size'"),
+    (dict(optimizer__type="AdamWW"), "did you mean 'AdamW'?"),
+    (dict(optimizer__params__lr=-0.1), "config key 'optimizer.params.lr'"),
+    (dict(scheduler__type="Cosine"), "config key 'scheduler.type'"),
+    (dict(train_micro_batch_size_per_gpu=0), "config key 'train_micro_batch_size_per_gpu' must be a positive"),
+])
+def test_config_values_deepspeed_would_refuse_in_every_rank(tmp_path, capsys, changes, message):
+    assert message in _refused(tmp_path, capsys, "--config", _config(tmp_path, **changes))
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"\xff\xfe{}", "is not UTF-8 text"), (b"[1, 2]", "must hold a JSON object ({...}), not a list"),
+    (b'{"a": 1,}', "is not valid JSON: line 1"),
+])
+def test_config_files_of_the_wrong_kind(tmp_path, capsys, content, message):
+    (tmp_path / "cfg.json").write_bytes(content)
+    assert message in _refused(tmp_path, capsys, "--config", tmp_path / "cfg.json")
+
+
+def test_a_directory_given_as_a_file(tmp_path, capsys):
+    (tmp_path / "folder").mkdir()
+    assert "is a directory" in _refused(tmp_path, capsys, "--config", tmp_path / "folder")
+    assert "is a directory" in _refused(tmp_path, capsys, "--data", tmp_path / "folder")
+
+
+# ------------------------------------------------------------------------------------------ data
+@pytest.mark.parametrize("name, content, message", [
+    ("short.txt", b"just a few words", "fewer than 4 sequence(s) of 64"),      # 2 ranks x micro-batch 2
+    ("empty.jsonl", b"", "has 0 tokens"),
+    ("latin1.txt", "caf\u00e9 ".encode("latin-1") * 500, "is not UTF-8 text"),
+    ("bad.jsonl", b'{"text": "ok"}\n{"txt": "no"}\n', 'bad.jsonl:2: needs a string field "text"'),
+    ("notes.md", b"# hello", "must end in .txt or .jsonl"),
+])
+def test_data_that_cannot_feed_one_batch(tmp_path, capsys, name, content, message):
+    (tmp_path / name).write_bytes(content)
+    assert message in _refused(tmp_path, capsys, "--data", tmp_path / name)
+
+
+# ------------------------------------------------------------------------------------------ model folder
+def _saved_tiny(folder, **config_changes):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from labs import models
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(models.qwen2_config("tiny"))
+    model.save_pretrained(folder)
+    if config_changes:
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**config, **config_changes}))
+    return folder
+
+
+def test_model_folders_labs_cannot_train(tmp_path, capsys):
+    other = _saved_tiny(tmp_path / "llama", model_type="llama")
+    reshaped = _saved_tiny(tmp_path / "reshaped", intermediate_size=256)
+    capsys.readouterr()                         # save_pretrained's own progress bars
+    assert "holds a 'llama' model; labs trains the Qwen2 architecture" in \
+        _refused(tmp_path, capsys, "--model-path", other)
+    assert "has shape [192, 64], but config.json says [256, 64]" in \
+        _refused(tmp_path, capsys, "--model-path", reshaped)
+    for weights in (tmp_path / "reshaped").glob("*.safetensors"):
+        weights.unlink()
+    assert "has no *.safetensors weights" in _refused(tmp_path, capsys, "--model-path", reshaped)
+
+
+# ------------------------------------------------------------------------------------------ --out
+def test_out_never_replaces_what_labs_did_not_write(tmp_path, capsys):
+    mine = tmp_path / "thesis"
+    mine.mkdir()
+    (mine / "chapter1.tex").write_text("years of work")
+    assert "is a folder labs did not write" in _refused(tmp_path, capsys, out=mine)
+    assert (mine / "chapter1.tex").read_text() == "years of work"
+    notes = tmp_path / "notes.txt"
+    notes.write_text("keep me")
+    assert "is an existing file" in _refused(tmp_path, capsys, out=notes)
+    assert notes.read_text() == "keep me" and not list(tmp_path.glob(".notes*"))
+
+
+def test_out_in_a_folder_that_cannot_be_written(tmp_path, monkeypatch):
+    import os
+
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: False if str(p) == str(locked) else real(p, mode))
+    with pytest.raises(LabsError, match="is not a writable folder"):
+        runfolder.check_out(locked / "run")
+
+
+def test_publish_replaces_an_earlier_run_and_clears_stale_partials(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / runfolder.MARKER).write_text("{}")
+    (out / "summary.json").write_text('{"old": true}')
+    stale = tmp_path / ".run.partial-99999"          # left by a labs process that was killed
+    stale.mkdir()
+    (stale / runfolder.MARKER).write_text("{}")
+    runfolder.check_out(out)
+    with runfolder.claim(out) as work:
+        assert not stale.exists() and (work / runfolder.MARKER).is_file()
+        (work / "summary.json").write_text('{"new": true}')
+        runfolder.publish(work, out)
+    assert json.loads((out / "summary.json").read_text()) == {"new": True}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]        # no lock, partial or old copy left
+
+
+def test_a_second_run_on_the_same_out_is_told_at_once(tmp_path):
+    out = tmp_path / "run"
+    with runfolder.claim(out):
+        with pytest.raises(LabsError, match=r"is being written by another labs run \(pid \d+"):
+            with runfolder.claim(out):
+                pass
+
+
+# ------------------------------------------------------------------------------------------ help
+def test_help_teaches(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    top = capsys.readouterr().out
+    assert "examples:" in top and "labs train --preset qwen2.5-7b" in top
+    with pytest.raises(SystemExit):
+        cli.main(["train", "--help"])
+    text = capsys.readouterr().out
+    assert "examples:" in text and "--out: a new folder, or a run folder labs wrote earlier" in text
+    described = text.split("options:", 1)[1].split("examples:", 1)[0]
+    options = [line.split()[0] for line in described.splitlines() if line.startswith("  --")]
+    assert len(options) >= 18
+    for option in options:
+        block = described.split(f"  {option}", 1)[1].split("\n  -", 1)[0]
+        assert "default" in block or option in ("--help", "--no-memory-check", "--quiet"), option

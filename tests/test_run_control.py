@@ -1,0 +1,103 @@
+"""The launcher owns its ranks: Ctrl-C, SIGTERM, SIGKILL of labs and the death of a rank stop every process of the
+run within seconds, keep no partial folder (SIGKILL cannot clean up; the next run at that path does), and say
+which rank died and how. Real 2-rank launches of the tiny preset, stopped a few steps in."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import ROOT
+
+STOP_WITHIN_S = 15
+
+
+def _processes_of(folder) -> list[int]:
+    """Processes whose command line names the run's working folder: torchrun and the ranks."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if str(folder) in cmdline and ("labs.rank" in cmdline or "torch.distributed.run" in cmdline):
+            found.append(int(pid))
+    return found
+
+
+def _rank_pid(folder, rank: int) -> int:
+    for pid in _processes_of(folder):
+        try:
+            environ = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in environ and b"labs.rank" in open(f"/proc/{pid}/cmdline", "rb").read():
+            return pid
+    raise AssertionError(f"rank {rank} not found")
+
+
+def _start(out):
+    """`labs train` for many steps; returns the process once its ranks are training (the first step logged)."""
+    process = subprocess.Popen([sys.executable, "-m", "labs", "train", "--steps", "500", "--out", str(out), "--quiet"],
+                               cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 240
+    while time.time() < deadline:
+        logs = list(out.parent.glob(f".{out.name}.partial-*/metrics.jsonl"))
+        if logs and logs[0].read_text().strip():
+            return process, logs[0].parent
+        assert process.poll() is None, process.communicate()
+        time.sleep(0.5)
+    process.kill()
+    raise AssertionError("the run did not start training within 240 s")
+
+
+def _stopped(process, work) -> tuple[int, str, float]:
+    start = time.time()
+    try:
+        _, err = process.communicate(timeout=STOP_WITHIN_S + 30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        raise
+    while _processes_of(work) and time.time() - start < STOP_WITHIN_S:
+        time.sleep(0.2)
+    assert not _processes_of(work), f"processes left: {_processes_of(work)}"
+    return process.returncode, err, time.time() - start
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_interrupt_stops_every_process_and_keeps_nothing(tmp_path, sig, code):
+    out = tmp_path / "run"
+    process, work = _start(out)
+    if sig == signal.SIGINT:        # while it runs, a second run on the same --out is refused at once
+        second = subprocess.run([sys.executable, "-m", "labs", "train", "--steps", "2", "--out", str(out)], cwd=ROOT,
+                                env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
+                                timeout=120)
+        assert second.returncode == 2 and "is being written by another labs run" in second.stderr, second.stderr
+    process.send_signal(sig)
+    returncode, err, seconds = _stopped(process, work)
+    assert returncode == code and seconds < STOP_WITHIN_S, (returncode, err, seconds)
+    assert "every process of the run was stopped" in err.strip().splitlines()[-1]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [], "a partial folder, lock or run folder was left"
+
+
+def test_a_dead_rank_stops_the_run_and_is_named(tmp_path):
+    out = tmp_path / "run"
+    process, work = _start(out)
+    os.kill(_rank_pid(work, 0), signal.SIGKILL)
+    returncode, err, seconds = _stopped(process, work)
+    first = err.strip().splitlines()[0]
+    assert returncode == 1 and first.startswith("labs: rank 0 was killed by signal 9 (SIGKILL)"), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_sigkill_of_labs_takes_the_ranks_with_it(tmp_path):
+    out = tmp_path / "run"
+    process, work = _start(out)
+    process.kill()
+    returncode, _, seconds = _stopped(process, work)
+    assert returncode == -signal.SIGKILL and seconds < STOP_WITHIN_S
+    assert work.exists()          # nobody was left to clean up: the next run at this --out removes it (see
+    #                               test_reliability.py::test_publish_replaces_an_earlier_run_and_clears_stale_partials)
