@@ -74,14 +74,21 @@ def _train_args(sub):
 def _bench_args(sub):
     p = sub.add_parser("bench", help="stock reference vs labs fast path, same GPUs, one invocation")
     p.add_argument("--preset", default="qwen2.5-7b", help="(default: qwen2.5-7b)")
-    p.add_argument("--cases", default="stock-zero3,labs-zero3", help="comma-separated names from labs.bench.CASES "
-                                                                     "(default: stock-zero3,labs-zero3)")
+    p.add_argument("--cases", default="stock-zero3,labs-zero3",
+                   help="comma-separated named cases (labs.bench.CASES) or composed ones, SIDE-ENGINE[-OPTION...] "
+                        "(labs.bench.cases) (default: stock-zero3,labs-zero3)")
     p.add_argument("--steps", type=positive_int, default=8, help="steps per case; the first 2 are warm-up "
                                                                   "(default: 8)")
     p.add_argument("--seq-len", type=positive_int, help="(default: the preset's)")
     p.add_argument("--micro-batch", type=positive_int, help="(default: each case's)")
     p.add_argument("--out", help="JSON result file, written after every case (default: none)")
     p.add_argument("--work", help="folder for the cases' run folders (default: a new temporary folder)")
+    p.add_argument("--gpu-memory", help="cap every case's GPU memory per rank, e.g. 80GiB or H100 (default: none)")
+    p.add_argument("--sweep", type=positive_int, metavar="N",
+                   help="best against best: run the planner's N fastest predicted candidates of each side that fit "
+                        "the memory, plus --cases, all at --batch-per-gpu (default: off)")
+    p.add_argument("--batch-per-gpu", type=positive_int, default=8,
+                   help="with --sweep: sequences per GPU per optimizer step (default: 8)")
     p.add_argument("--quiet", action="store_true", help="do not stream the ranks' output")
 
 
@@ -125,9 +132,13 @@ def _dispatch(args) -> int:
     if args.command == "bench":
         from labs import bench
 
-        result = bench.run_cases(args.cases.split(","), preset=args.preset, steps=args.steps, seq_len=args.seq_len,
-                                 micro_batch=args.micro_batch, out=args.out, work=args.work,
-                                 stream=not args.quiet)
+        common = dict(preset=args.preset, steps=args.steps, seq_len=args.seq_len, out=args.out, work=args.work,
+                      stream=not args.quiet, gpu_memory=args.gpu_memory)
+        if args.sweep:
+            result = bench.run_sweep(top=args.sweep, batch_per_gpu=args.batch_per_gpu,
+                                     extra=[c for c in args.cases.split(",") if c], **common)
+        else:
+            result = bench.run_cases(args.cases.split(","), micro_batch=args.micro_batch, **common)
         print(bench.format_table(result))
         return 0
     if args.command == "env":
@@ -135,6 +146,15 @@ def _dispatch(args) -> int:
 
         info = env.report()
         print(json.dumps(info, indent=1) if args.json else env.format_report(info))
+        return 0
+    if args.command == "memory" and args.plan:
+        from labs.bench import planner
+        from labs.table import Table
+
+        plans = planner.plan(args.preset or "qwen2.5-7b", gpus=args.gpus, gpu_memory=args.gpu_memory or "H200",
+                             batch_per_gpu=args.batch_per_gpu, seq_len=args.seq_len or 4096)
+        print(Table(plans[:args.plan], ["side", "case", ("predicted peak GiB", "predicted_peak_gib", ".1f"),
+                                        ("predicted tokens/s/GPU", "predicted_tokens_per_s_per_gpu", ",.0f")]))
         return 0
     if args.command == "memory":
         from labs.memory import cli as memory_cli

@@ -55,7 +55,13 @@ def initialize(spec: dict, ds_config: dict, device: torch.device) -> Fsdp2Engine
     # device's memory for a moment (7B fp32: 30 GB). Larger models would start on the meta device instead.
     hf = models.build(spec["preset"], dtype=torch.float32, device=device, seed=spec["seed"],
                       model_path=spec["model_path"])
-    models.checkpoint_layers(hf, spec["activation_checkpointing"])
+    if spec["stock"]:        # plain PyTorch FSDP2 as a user writes it: HF's own gradient checkpointing
+        if spec["activation_checkpointing"] != "none":
+            hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        models.checkpoint_layers(hf, spec["activation_checkpointing"])
+    if spec.get("compile"):
+        models.compile_layers(hf)
     module = models.CausalLM(hf, loss=spec["loss"])
     bf16 = spec["precision"] == "bf16"
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else \

@@ -36,7 +36,8 @@ GPU_ONLY = {"loss": "liger", "kernels": "liger"}       # Liger's Triton kernels
 def prepare(preset="tiny", config=resolve.DEFAULT_CONFIG, steps=30, out="runs/demo", nproc=None, model_path=None,
             seed=0, micro_batch=None, grad_accum=None, seq_len=None, lr=None, data_path=None, loss="hf",
             activation_checkpointing="none", warmup_steps=2, engine="deepspeed", stock=False, kernels="stock",
-            precision=None, instruments=("state_bytes",), gpu_memory=None, memory_check=True):
+            precision=None, instruments=("state_bytes",), gpu_memory=None, memory_check=True, compile=False,
+            sdpa="default"):
     """Check every input before anything is written; return (spec, resolved DeepSpeed config).
     `instruments` names what the rank loop measures besides training (INSTRUMENTS); `gpu_memory` caps each rank's
     GPU memory (e.g. "80GiB" or "H100": an H200 then behaves as an 80 GB card)."""
@@ -44,6 +45,7 @@ def prepare(preset="tiny", config=resolve.DEFAULT_CONFIG, steps=30, out="runs/de
     check_choice("engine", engine, ENGINES)
     check_choice("loss", loss, models.LOSSES)
     check_choice("kernels", kernels, models.KERNELS)
+    check_choice("attention backend", sdpa, models.ATTENTION)
     for name in instruments:
         check_choice("instrument", name, INSTRUMENTS)
     preflight.check_positive("--steps", steps)
@@ -89,6 +91,7 @@ def prepare(preset="tiny", config=resolve.DEFAULT_CONFIG, steps=30, out="runs/de
                 model_path=model_path, seq_len=seq_len, data=data_path, loss=loss, dims=dims,
                 activation_checkpointing=str(activation_checkpointing), warmup_steps=warmup_steps, engine=engine,
                 stock=stock, kernels=kernels, instruments=list(instruments), gpu_memory_bytes=gpu_memory_bytes,
+                compile=bool(compile), sdpa=sdpa,
                 precision=config_lib.precision(resolved), out=str(Path(out)))
     return spec, resolved
 

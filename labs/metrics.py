@@ -54,6 +54,8 @@ class Meter:
         self.tokens_per_step = (ds_config["train_micro_batch_size_per_gpu"] * ds_config["gradient_accumulation_steps"]
                                 * world_size * spec["seq_len"])
         self.flops_per_step = models.flops_per_token(spec["dims"], spec["seq_len"]) * self.tokens_per_step
+        self.causal_flops_per_step = models.flops_per_token(spec["dims"], spec["seq_len"], causal=True) * \
+            self.tokens_per_step
         self.peak = peak_flops(device_name(), spec["precision"]) if device.type == "cuda" else None
         self.memory_kind = peak_memory_bytes()[1]
 
@@ -89,7 +91,9 @@ class Meter:
             median_step_time_s=seconds, tokens_per_s=self.tokens_per_step / seconds,
             tokens_per_s_per_gpu=self.tokens_per_step / seconds / self.world_size, tflops_per_gpu=tflops,
             mfu=tflops * 1e12 / self.peak if self.peak else None, peak_flops=self.peak,
+            mfu_causal=self.causal_flops_per_step / seconds / self.world_size / self.peak if self.peak else None,
             flops_per_token=self.flops_per_step / self.tokens_per_step,
+            flop_convention="mfu: attention over the full matrix (12 L H S per token); mfu_causal: its causal half",
             timing=f"median of steps {warmup + 1}-{len(records)}",
             peak_memory_bytes=[max(r["peak_memory_bytes"][i] for r in records) for i in range(self.world_size)],
             memory_kind=self.memory_kind,

@@ -80,14 +80,16 @@ def decoder_layer_granularity(dims: dict) -> int:
     return param_counts(dims)["per_layer"] // 12
 
 
-def flops_per_token(dims: dict, seq_len: int) -> float:
+def flops_per_token(dims: dict, seq_len: int, causal: bool = False) -> float:
     """Training FLOPs per token: 6 per weight that multiplies (every weight except the input embedding
     lookup; the output projection counts even when tied) plus attention scores and values,
-    12 * layers * hidden * seq (forward and backward, no causal discount). Recomputation is not counted:
-    this is the model FLOPs of MFU, not the hardware FLOPs."""
+    12 * layers * hidden * seq over the full attention matrix (the convention of the shared reference figures and of
+    most MFU tables), or 6 * layers * hidden * seq with `causal=True`: only the lower triangle, which is what causal
+    attention kernels compute. Recomputation is not counted: model FLOPs, not hardware FLOPs."""
     counts = param_counts(dims)
     matmul_weights = counts["non_embedding"] + dims["vocab_size"] * dims["hidden_size"]
-    return 6 * matmul_weights + 12 * dims["num_hidden_layers"] * dims["hidden_size"] * seq_len
+    attention = (6 if causal else 12) * dims["num_hidden_layers"] * dims["hidden_size"] * seq_len
+    return 6 * matmul_weights + attention
 
 
 # ---------------------------------------------------------------------------------------------- building
@@ -106,6 +108,29 @@ def use_kernels(kernels: str):
 
         apply_liger_kernel_to_qwen2(rope=True, rms_norm=True, swiglu=True, cross_entropy=False,
                                     fused_linear_cross_entropy=False)
+
+
+ATTENTION = ("default", "cudnn", "flash", "efficient")
+
+
+def use_attention(backend: str):
+    """Which kernel SDPA may use on a GPU: 'default' lets PyTorch choose (flash on Hopper for bf16), the others allow
+    only that one (cuDNN's fused attention, FlashAttention-2, memory-efficient attention). No effect on a CPU."""
+    check_choice("attention backend", backend, ATTENTION)
+    if backend != "default" and torch.cuda.is_available():
+        for name in ("cudnn", "flash", "efficient"):
+            getattr(torch.backends.cuda, f"enable_{name if name != 'efficient' else 'mem_efficient'}_sdp")(
+                name == backend)
+        torch.backends.cuda.enable_math_sdp(False)
+
+
+def compile_layers(model) -> int:
+    """torch.compile each decoder layer in place (the unit DeepSpeed ZeRO-3 and FSDP2 gather): fused elementwise
+    work, fewer kernel launches. Returns how many layers."""
+    layers = decoder_layers(model)
+    for layer in layers:
+        layer.compile()
+    return len(layers)
 
 
 def build(preset: str, *, dtype: torch.dtype, device: torch.device, seed: int = 0, model_path=None,

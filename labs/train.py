@@ -96,6 +96,7 @@ def main(run_dir: Path, instruments: list[Instrument] = ()):
 def build_engine(spec: dict, ds_config: dict, device: torch.device):
     """A DeepSpeed engine, or FSDP2 behind the same interface (engine(ids) -> loss, .backward, .step)."""
     models.use_kernels(spec["kernels"])
+    models.use_attention(spec.get("sdpa", "default"))
     if spec["engine"] == "fsdp2":
         return fsdp.initialize(spec, ds_config, device)
     import deepspeed
@@ -112,6 +113,8 @@ def build_engine(spec: dict, ds_config: dict, device: torch.device):
             hf_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     else:
         models.checkpoint_layers(hf_model, spec["activation_checkpointing"])
+    if spec.get("compile"):
+        models.compile_layers(hf_model)
     module = models.CausalLM(hf_model, loss=spec["loss"])
     engine, *_ = deepspeed.initialize(model=module, model_parameters=list(module.parameters()), config=ds_config)
     return engine

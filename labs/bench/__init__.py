@@ -5,6 +5,7 @@
     from labs.bench import results
     results.rows(results.load_all())         # one row per recorded case, with provenance
 """
-from labs.bench.runner import CASES, PAIRS, case_options, format_table, host_info, run_cases
+from labs.bench.cases import CASES, PAIRS, case_options, compose
+from labs.bench.runner import format_table, host_info, run_cases, run_sweep
 
-__all__ = ["CASES", "PAIRS", "case_options", "format_table", "host_info", "run_cases"]
+__all__ = ["CASES", "PAIRS", "case_options", "compose", "format_table", "host_info", "run_cases", "run_sweep"]

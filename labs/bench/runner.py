@@ -1,14 +1,10 @@
 """`labs bench`: the stock reference and the labs fast path, run one after the other on the same GPUs in one
 invocation, with throughput, MFU, memory (measured and predicted) and where the time goes.
 
-Stock = what a user gets today from HF + DeepSpeed: the HF model and its loss (full logits upcast to fp32),
-HF's gradient checkpointing on every layer, DeepSpeed's FusedAdam, the stock config (ds_configs/bench/stock_*).
-labs = the same model, data, precision (bf16 weights, fp32 master weights and AdamW), still plain DeepSpeed, with
-levers chosen per case: Liger kernels and fused linear cross-entropy, less or no activation checkpointing,
-torch's fused AdamW, larger buckets, and for offload partial offload and bigger batches.
-
-MFU = flops_per_token * tokens/s per GPU / peak, flops_per_token = 6 * (N - input embedding) + 12 * L * H * S
-(labs.models.flops_per_token; the formula of the shared reference figures), peak 989 TFLOP/s dense bf16 (H100/H200).
+What the cases are: labs.bench.cases. MFU = flops_per_token * tokens/s per GPU / peak (989 TFLOP/s dense bf16 on an
+H100/H200), with flops_per_token = 6 * (N - input embedding) + 12 * L * H * S counting the full attention matrix
+(labs.models.flops_per_token; the shared reference figures' convention), and `mfu_causal` beside it counting only the
+causal half (6 * L * H * S), which is what the attention kernels compute.
 """
 from __future__ import annotations
 
@@ -25,103 +21,32 @@ from pathlib import Path
 
 import torch
 
-from labs import CONFIGS, env, launch, memory
-from labs.errors import LabsError, RankFailed
+from labs import env, launch, memory
+from labs.bench import planner, sweep
+from labs.bench.cases import PAIRS, case_options, describe
+from labs.errors import RankFailed
 from labs.table import Table
 
-# name -> (what it is, launch options). nproc None = every GPU (or 2 CPU ranks).
-CASES: dict[str, tuple[str, dict]] = {
-    "stock-zero3": ("stock HF + DeepSpeed ZeRO-3, full activation checkpointing",
-                    dict(config="bench/stock_zero3.json", stock=True, activation_checkpointing="full")),
-    "stock-zero2": ("stock HF + DeepSpeed ZeRO-2, full activation checkpointing",
-                    dict(config="bench/stock_zero2.json", stock=True, activation_checkpointing="full")),
-    "stock-zero3-offload": ("stock ZeRO-3 + optimizer offload to CPU (DeepSpeedCPUAdam), full checkpointing, 1 GPU",
-                            dict(config="bench/stock_zero3_offload.json", stock=True,
-                                 activation_checkpointing="full", nproc=1)),
-    "labs-zero3": ("labs ZeRO-3: Liger kernels + fused linear CE, no activation checkpointing, fused AdamW, "
-                   "1e9 buckets", dict(config="bench/labs_zero3.json", fast=True, activation_checkpointing="none")),
-    "labs-zero3-granular": ("labs-zero3 fetching each decoder layer as one unit (stage3_module_granularity_threshold); "
-                            "REJECTED: its loss stopped tracking stock on H200", dict(
-                                config="bench/labs_zero3_granular.json", fast=True, activation_checkpointing="none")),
-    "labs-zero3-mb3": ("labs-zero3 at micro-batch 3 (more tokens per gather and per optimizer step)",
-                       dict(config="bench/labs_zero3.json", fast=True, activation_checkpointing="none",
-                            micro_batch=3)),
-    "labs-zero3-mb4-sel8": ("labs-zero3 at micro-batch 4, checkpointing 8 of 28 layers to fit",
-                            dict(config="bench/labs_zero3.json", fast=True, activation_checkpointing="8",
-                                 micro_batch=4)),
-    "labs-zero3-subgroup": ("labs-zero3 with one optimizer sub-group per rank (sub_group_size 1e10)",
-                            dict(config="bench/labs_zero3_subgroup.json", fast=True, activation_checkpointing="none")),
-    "labs-zero2": ("labs ZeRO-2 (levers of labs-zero3)",
-                   dict(config="bench/labs_zero2.json", fast=True, activation_checkpointing="none")),
-    "labs-zero1": ("labs ZeRO-1 (levers of labs-zero3)",
-                   dict(config="bench/labs_zero1.json", fast=True, activation_checkpointing="none")),
-    "labs-fsdp2": ("FSDP2 (fully_shard per layer), same levers", dict(config="bench/labs_zero3.json", fast=True,
-                                                                       engine="fsdp2", activation_checkpointing="none")),
-    "labs-zero3-fp16": ("labs-zero3 in fp16 with dynamic loss scaling",
-                        dict(config="bench/labs_zero3_fp16.json", fast=True, activation_checkpointing="none")),
-    "labs-zero3-ckpt": ("labs-zero3 with full activation checkpointing (isolates the recompute lever)",
-                        dict(config="bench/labs_zero3.json", fast=True, activation_checkpointing="full")),
-    "lever-liger": ("stock-zero3 + Liger kernels and fused linear CE only (checkpointing kept)",
-                    dict(config="bench/stock_zero3.json", fast=True, activation_checkpointing="full")),
-    "lever-nockpt": ("stock-zero3 without activation checkpointing only (stock kernels and loss)",
-                     dict(config="bench/stock_zero3.json", stock=True, activation_checkpointing="none")),
-    "labs-zero3-offload": ("labs ZeRO-3 + full optimizer offload: Liger, no checkpointing, micro-batch 4, 1 GPU",
-                           dict(config="bench/labs_zero3_offload.json", fast=True, activation_checkpointing="none",
-                                micro_batch=4, nproc=1)),
-    "labs-zero3-offload-ga4": ("labs-zero3-offload with 4 micro-batches per optimizer step (amortises the CPU step)",
-                               dict(config="bench/labs_zero3_offload.json", fast=True, activation_checkpointing="none",
-                                    micro_batch=4, grad_accum=4, nproc=1)),
-    "labs-zero3-offload-half": ("labs-zero3-offload keeping half of the optimizer on the GPU (offload ratio 0.5)",
-                                dict(config="bench/labs_zero3_offload_half.json", fast=True,
-                                     activation_checkpointing="none", micro_batch=4, nproc=1)),
-}
-PAIRS = [("labs-zero3", "stock-zero3"), ("labs-zero3-mb3", "stock-zero3"), ("labs-zero3-mb4-sel8", "stock-zero3"),
-         ("labs-zero3-subgroup", "stock-zero3"), ("labs-zero3-granular", "labs-zero3"), ("labs-zero3-offload", "stock-zero3-offload"),
-         ("labs-zero3-offload-ga4", "stock-zero3-offload"), ("labs-zero3-offload-half", "stock-zero3-offload"),
-         ("lever-liger", "stock-zero3"), ("lever-nockpt", "stock-zero3"), ("labs-zero3-ckpt", "stock-zero3"),
-         ("labs-zero2", "stock-zero2"), ("labs-fsdp2", "labs-zero3"), ("labs-zero3-fp16", "labs-zero3")]
-
-
-def _liger_available() -> bool:
-    try:
-        import liger_kernel  # noqa: F401
-        return torch.cuda.is_available()
-    except ImportError:
-        return False
-
-
-def case_options(name: str, preset: str, steps: int, seq_len, micro_batch) -> dict:
-    if name not in CASES:
-        raise LabsError(f"unknown bench case '{name}'; choose from: {', '.join(CASES)}")
-    options = dict(CASES[name][1])
-    fast = options.pop("fast", False)
-    # Liger needs Triton on a GPU; on a CPU the fast path falls back to labs' chunked loss.
-    options.update(loss=("liger" if _liger_available() else "chunked") if fast else "hf",
-                   kernels="liger" if fast and _liger_available() else "stock")
-    options["config"] = CONFIGS / options["config"]
-    options.update(preset=preset, steps=steps, seq_len=seq_len, warmup_steps=2)
-    if micro_batch and "micro_batch" not in options:
-        options["micro_batch"] = micro_batch
-    return options
-
-
 def run_cases(names: list[str], preset="qwen2.5-7b", steps=8, seq_len=None, micro_batch=None, out=None,
-              work=None, stream=True) -> dict:
+              work=None, stream=True, gpu_memory=None) -> dict:
     """Run the named cases one after the other; returns (and writes to `out`, after every case) the result with
     every case's summary, per-step metrics, resolved config and predicted memory. The run folders go to `work`
     (default: a new folder under the system's temporary directory, never into the course checkout)."""
     work = Path(work) if work else Path(tempfile.mkdtemp(prefix="labs-bench-"))
-    options = {name: case_options(name, preset, steps, seq_len, micro_batch) for name in names}
+    options = {name: dict(case_options(name, preset, steps, seq_len, micro_batch), gpu_memory=gpu_memory)
+               for name in names}
     for name, opts in options.items():   # every case's input is checked before the first one runs
         launch.prepare(out=work / name, **opts)
     result = dict(what="labs bench: stock reference and labs fast path on the same machine, one after the other",
                   date=time.strftime("%Y-%m-%dT%H:%M:%S%z"), command=shlex.join([Path(sys.argv[0]).name] + sys.argv[1:]),
                   host=host_info(), preset=preset, steps=steps, timing="median step time of steps 3..N",
                   mfu_formula="(6 * (N - input embedding) + 12 * layers * hidden * seq) * tokens/s per GPU / peak",
+                  mfu_causal_formula="(6 * (N - input embedding) + 6 * layers * hidden * seq) * tokens/s per GPU / peak",
+                  gpu_memory=gpu_memory,
                   cases={})
     for name in names:
-        print(f"\n=== {name}: {CASES[name][0]}", flush=True)
-        entry = dict(description=CASES[name][0], options={k: str(v) for k, v in options[name].items()})
+        print(f"\n=== {name}: {describe(name)}", flush=True)
+        entry = dict(description=describe(name), options={k: str(v) for k, v in options[name].items()})
         started = time.time()
         try:
             run = launch.run(out=work / name, stream=stream, **options[name])
@@ -135,6 +60,26 @@ def run_cases(names: list[str], preset="qwen2.5-7b", steps=8, seq_len=None, micr
             Path(out).parent.mkdir(parents=True, exist_ok=True)
             Path(out).write_text(json.dumps(_with_ratios(result), indent=1) + "\n")
     return _with_ratios(result)
+
+
+def run_sweep(preset="qwen2.5-7b", gpus=None, gpu_memory=None, batch_per_gpu=8, top=3, extra=(), seq_len=None,
+              **run_options) -> dict:
+    """Best against best in one invocation: the planner's `top` fastest predicted candidates of each side that fit
+    the memory (labs.bench.planner), plus `extra` cases (levers on top of them), all at `batch_per_gpu` sequences per
+    GPU per optimizer step; then each side's best measured case and the ratio (labs.bench.sweep.best_vs_best)."""
+    gpus = gpus or max(1, torch.cuda.device_count())
+    budget = gpu_memory or (torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else "H200")
+    plans = planner.plan(preset, gpus=gpus, gpu_memory=budget, batch_per_gpu=batch_per_gpu,
+                         seq_len=seq_len or 4096)
+    names = [p["case"] for side in ("stock", "labs") for p in [q for q in plans if q["side"] == side][:top]]
+    result = run_cases(names + [n for n in extra if n not in names], preset=preset, seq_len=seq_len,
+                       gpu_memory=gpu_memory, **run_options)
+    result["sweep"] = dict(batch_per_gpu=batch_per_gpu, gpu_memory=str(budget), top=top,
+                           plan=[p for p in plans if p["case"] in names or p["case"] in extra],
+                           **sweep.best_vs_best(result))
+    if run_options.get("out"):
+        Path(run_options["out"]).write_text(json.dumps(result, indent=1) + "\n")
+    return result
 
 
 def _with_ratios(result):
@@ -199,4 +144,8 @@ def format_table(result: dict) -> str:
                    pred="pred GiB", timers="fwd/bwd/step ms")
     lines = [str(Table(rows, [(headers[k], k, "") for k in headers]))] if rows else []
     lines += [f"ratio {pair}: {ratio:.2f}x tokens/s per GPU" for pair, ratio in result["ratios"].items()]
+    if result.get("sweep", {}).get("ratio"):
+        best = result["sweep"]["best"]
+        lines.append(f"best against best at {result['sweep']['tokens_per_step']:,} tokens per optimizer step: labs "
+                     f"{best['labs']['case']} / stock {best['stock']['case']} = {result['sweep']['ratio']:.2f}x")
     return "\n".join(lines)

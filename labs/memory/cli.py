@@ -38,6 +38,11 @@ def add_parser(sub):
     p.add_argument("--config", help="a DeepSpeed JSON config for bucket sizes, prefetch, persistence ...")
     p.add_argument("--gpu-memory", help=f"memory of one GPU for a verdict: 80GiB, 141GB or {', '.join(GPUS)}")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--plan", type=positive_int, nargs="?", const=10, default=None, metavar="N",
+                   help="instead: rank every configuration that fits --gpu-memory on --gpus by predicted speed "
+                        "(labs.bench.planner, calibrated on results/gpu) and show the best N (default 10)")
+    p.add_argument("--batch-per-gpu", type=positive_int, default=8,
+                   help="with --plan: sequences per GPU per optimizer step, micro-batch x accumulation (default: 8)")
 
 
 def run(args) -> int:
