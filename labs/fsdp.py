@@ -45,6 +45,15 @@ class Fsdp2Engine:
         return None if self._grad_norm is None else float(self._grad_norm)
 
 
+def _float8_linears(hf):
+    """torchao's float8 training: every Linear of the decoder layers computes its matmuls in fp8 (e4m3 forward,
+    e5m2 gradients, dynamic scaling), with bf16/fp32 weights kept as they were. The head stays in bf16 (Liger's
+    fused loss reads its weight directly)."""
+    from torchao.float8 import convert_to_float8_training
+
+    convert_to_float8_training(hf.model, module_filter_fn=lambda module, fqn: "layers." in fqn)
+
+
 def initialize(spec: dict, ds_config: dict, device: torch.device) -> Fsdp2Engine:
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -60,6 +69,8 @@ def initialize(spec: dict, ds_config: dict, device: torch.device) -> Fsdp2Engine
             hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     else:
         models.checkpoint_layers(hf, spec["activation_checkpointing"])
+    if spec.get("fp8"):
+        _float8_linears(hf)
     if spec.get("compile"):
         models.compile_layers(hf)
     module = models.CausalLM(hf, loss=spec["loss"])

@@ -37,7 +37,7 @@ def prepare(preset="tiny", config=resolve.DEFAULT_CONFIG, steps=30, out="runs/de
             seed=0, micro_batch=None, grad_accum=None, seq_len=None, lr=None, data_path=None, loss="hf",
             activation_checkpointing="none", warmup_steps=2, engine="deepspeed", stock=False, kernels="stock",
             precision=None, instruments=("state_bytes",), gpu_memory=None, memory_check=True, compile=False,
-            sdpa="default"):
+            sdpa="default", fp8=False):
     """Check every input before anything is written; return (spec, resolved DeepSpeed config).
     `instruments` names what the rank loop measures besides training (INSTRUMENTS); `gpu_memory` caps each rank's
     GPU memory (e.g. "80GiB" or "H100": an H200 then behaves as an 80 GB card)."""
@@ -60,6 +60,8 @@ def prepare(preset="tiny", config=resolve.DEFAULT_CONFIG, steps=30, out="runs/de
     if not isinstance(warmup_steps, int) or warmup_steps < 0:
         raise LabsError(f"warmup_steps must be a non-negative integer, not {warmup_steps!r}")
     on_gpu = torch.cuda.is_available()
+    if fp8 and (engine != "fsdp2" or not on_gpu):
+        raise LabsError("fp8 (torchao float8 training) runs with --engine fsdp2 on a GPU with fp8 tensor cores")
     for option, value in (("loss", loss), ("kernels", kernels)):
         if value == GPU_ONLY[option] and not on_gpu:
             raise LabsError(f"--{option} {value}: Liger's Triton kernels need an NVIDIA GPU; on a CPU use "
@@ -91,7 +93,7 @@ def prepare(preset="tiny", config=resolve.DEFAULT_CONFIG, steps=30, out="runs/de
                 model_path=model_path, seq_len=seq_len, data=data_path, loss=loss, dims=dims,
                 activation_checkpointing=str(activation_checkpointing), warmup_steps=warmup_steps, engine=engine,
                 stock=stock, kernels=kernels, instruments=list(instruments), gpu_memory_bytes=gpu_memory_bytes,
-                compile=bool(compile), sdpa=sdpa,
+                compile=bool(compile), sdpa=sdpa, fp8=bool(fp8),
                 precision=config_lib.precision(resolved), out=str(Path(out)))
     return spec, resolved
 

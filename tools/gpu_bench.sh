@@ -2,6 +2,7 @@
 # The GPU session script behind results/*.json: run on a GPU host from the repository root, with the wheels that
 # ../shared/gpu/make-wheels.sh builds (EXTRA_WHEELS="liger-kernel==0.8.5 dashscope==2.0.2") carried in .whl/.
 #   NAME=zero3_2xh200 CASES=labs-zero3,stock-zero3 STEPS=7 BUDGET=540 bash tools/gpu_bench.sh
+#   NAME=f_sweep BENCH_ARGS="--sweep 4 --batch-per-gpu 8" STEPS=6 bash tools/gpu_bench.sh    (best against best)
 # Writes $OUT/$NAME.json (labs bench's result, updated after every case) and $OUT/$NAME.log.
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -16,8 +17,8 @@ if [ ! -e /tmp/opbuild.started ]; then
   nohup python3 -c "from deepspeed.ops.op_builder import FusedAdamBuilder, CPUAdamBuilder
 FusedAdamBuilder().load(); CPUAdamBuilder().load(); print('ops built')" > "$OUT/opbuild.log" 2>&1 &
 fi
-timeout "${BUDGET:-540}" python3 -m labs bench --preset "${PRESET:-qwen2.5-7b}" --cases "$CASES" \
-  --steps "${STEPS:-7}" --out "$OUT/$NAME.json" > "$OUT/$NAME.log" 2>&1
+timeout "${BUDGET:-540}" python3 -m labs bench --preset "${PRESET:-qwen2.5-7b}" --cases "${CASES:-}" ${BENCH_ARGS:-} \
+  --steps "${STEPS:-7}" --out "$OUT/$NAME.json" --work /tmp/bench-work > "$OUT/$NAME.log" 2>&1
 echo "bench exit code $?"
-grep -E "^(===|case|stock|labs|lever|ratio)" "$OUT/$NAME.log" | tail -40
+grep -E "^(===|case|stock|labs|lever|ratio|best)" "$OUT/$NAME.log" | tail -40
 tail -5 "$OUT/opbuild.log" 2>/dev/null

@@ -10,7 +10,8 @@ A composed case is `SIDE-ENGINE[-OPTION...]`:
     SIDE    stock | labs
     ENGINE  zero1 | zero2 | zero3 | fsdp2
     OPTION  ckfull | cknone | ckK (checkpoint the first K layers), mbN (micro-batch), gaN (accumulation steps),
-            compile (torch.compile of each decoder layer), sdpa-cudnn | sdpa-flash (attention backend)
+            compile (torch.compile of each decoder layer), sdpa-cudnn | sdpa-flash (attention backend),
+            fp8 (torchao float8 training of the decoder layers' matmuls; FSDP2 only; a different numeric recipe)
 e.g. `stock-zero3-ckfull-mb8`, `labs-fsdp2-ck14-mb4-ga2`. One option changes one lever, so a case differs from its
 neighbour by exactly what its name says.
 """
@@ -83,7 +84,7 @@ SIDES = {
                  configs={"zero1": "bench/labs_zero1.json", "zero2": "bench/labs_zero2.json",
                           "zero3": "bench/labs_zero3.json", "fsdp2": "bench/labs_zero3.json"}),
 }
-_OPTION = re.compile(r"ck(full|none|\d+)|mb(\d+)|ga(\d+)|compile|sdpa-(cudnn|flash|efficient)")
+_OPTION = re.compile(r"ck(full|none|\d+)|mb(\d+)|ga(\d+)|compile|fp8|sdpa-(cudnn|flash|efficient)")
 
 
 def compose(name: str) -> tuple[str, dict]:
@@ -101,15 +102,15 @@ def compose(name: str) -> tuple[str, dict]:
         match = _OPTION.fullmatch(option)
         if not match:
             raise LabsError(f"bench case '{name}': unknown option '{option}' (ckfull, cknone, ckK, mbN, gaN, compile, "
-                            "sdpa-cudnn, sdpa-flash)")
+                            "fp8, sdpa-cudnn, sdpa-flash)")
         if match.group(1):
             launch["activation_checkpointing"] = match.group(1)
         elif match.group(2):
             launch["micro_batch"] = int(match.group(2))
         elif match.group(3):
             launch["grad_accum"] = int(match.group(3))
-        elif option == "compile":
-            launch["compile"] = True
+        elif option in ("compile", "fp8"):
+            launch[option] = True
         else:
             launch["sdpa"] = match.group(4)
         words.append(option)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from labs import env, launch, memory
+from labs import env, launch, memory, resolve
 from labs.bench import planner, sweep
 from labs.bench.cases import PAIRS, case_options, describe
 from labs.errors import RankFailed
@@ -67,16 +67,18 @@ def run_sweep(preset="qwen2.5-7b", gpus=None, gpu_memory=None, batch_per_gpu=8, 
     """Best against best in one invocation: the planner's `top` fastest predicted candidates of each side that fit
     the memory (labs.bench.planner), plus `extra` cases (levers on top of them), all at `batch_per_gpu` sequences per
     GPU per optimizer step; then each side's best measured case and the ratio (labs.bench.sweep.best_vs_best)."""
-    gpus = gpus or max(1, torch.cuda.device_count())
+    gpus = gpus or (torch.cuda.device_count() if torch.cuda.is_available() else 2)    # as labs.launch starts them
     budget = gpu_memory or (torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else "H200")
     plans = planner.plan(preset, gpus=gpus, gpu_memory=budget, batch_per_gpu=batch_per_gpu,
                          seq_len=seq_len or 4096)
-    names = [p["case"] for side in ("stock", "labs") for p in [q for q in plans if q["side"] == side][:top]]
+    # labs first: stock's DeepSpeed cases wait for FusedAdam's first build, which a fresh host compiles meanwhile
+    names = [p["case"] for side in ("labs", "stock") for p in [q for q in plans if q["side"] == side][:top]]
     result = run_cases(names + [n for n in extra if n not in names], preset=preset, seq_len=seq_len,
                        gpu_memory=gpu_memory, **run_options)
+    tokens = batch_per_gpu * (seq_len or resolve.run_defaults(preset)["seq_len"]) * gpus
     result["sweep"] = dict(batch_per_gpu=batch_per_gpu, gpu_memory=str(budget), top=top,
                            plan=[p for p in plans if p["case"] in names or p["case"] in extra],
-                           **sweep.best_vs_best(result))
+                           **sweep.best_vs_best(result, tokens_per_step=tokens))
     if run_options.get("out"):
         Path(run_options["out"]).write_text(json.dumps(result, indent=1) + "\n")
     return result

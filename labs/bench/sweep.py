@@ -56,14 +56,16 @@ def fitting(names: list[str], preset: str, gpus: int, gpu_memory, seq_len: int |
     return fit
 
 
-def best_vs_best(result: dict) -> dict:
-    """The fastest measured case of each side (tokens/s per GPU), and their ratio, from a bench result whose cases
-    all ran at the same tokens per optimizer step (asserted: a ratio of different work is not a result)."""
+def best_vs_best(result: dict, tokens_per_step: int | None = None) -> dict:
+    """The fastest measured case of each side (tokens/s per GPU), and their ratio. Only cases at `tokens_per_step`
+    count (default: all, which must then agree): a ratio of different work is not a result."""
     best, rows = {}, []
     for name, case in result["cases"].items():
         if case.get("status") != "ok":
             continue
         s = case["summary"]
+        if tokens_per_step is not None and s["tokens_per_step"] != tokens_per_step:
+            continue
         side = name.split("-")[0]
         rows.append(dict(side=side, case=name, tokens_per_step=s["tokens_per_step"],
                          tokens_per_s_per_gpu=s["tokens_per_s_per_gpu"], mfu=s.get("mfu"), mfu_causal=s.get("mfu_causal"),
