@@ -16,6 +16,8 @@ from pathlib import Path
 
 import hjson
 
+from labs import ROOT
+
 # Section 2.1: "ZeRO-2, recommended for most fine-tuning with enough GPU memory".
 ZERO2_JSON = """{
   "train_batch_size": "auto",
@@ -198,13 +200,18 @@ def training_arguments_error(folder, text: str, **arguments) -> str | None:
 def accelerate_launch(arguments: list[str], folder, timeout=120) -> tuple[int, str]:
     """`accelerate launch ARGUMENTS` run as written in `folder` (no default accelerate config: HF_HOME points into
     the folder); returns the exit code and the last line of its output."""
-    env = dict(os.environ, HF_HOME=str(Path(folder) / "hf_home"), HF_HUB_OFFLINE="1")
+    env = dict(os.environ, HF_HOME=str(Path(folder) / "hf_home"), HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
     if "DS_ACCELERATOR" not in env and not _cuda():
         env["DS_ACCELERATOR"] = "cpu"
     done = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", *arguments], cwd=folder, env=env,
                           capture_output=True, text=True, timeout=timeout)
     lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
     return done.returncode, lines[-1] if lines else ""
+
+
+def probe(folder) -> list[dict]:
+    """What labs.course.accelerate_probe wrote in `folder` (one record per process, by rank)."""
+    return [json.loads(p.read_text()) for p in sorted(Path(folder).glob("probe*.json"))]
 
 
 def accelerate_plan(yaml_text: str, folder, script="train.py") -> dict:
