@@ -75,6 +75,8 @@ def test_launcher_commands(tmp_path):
     command = routes.launcher_command(spec, tmp_path)
     assert command[1:3] == ["-m", "deepspeed.launcher.runner"] and "--no_local_rank" in command
     assert command[-3:] == ["--module", "labs.course.route_rank", str(tmp_path)]
+    spec = routes.prepare("trainer", out=tmp_path / "t", launcher="torchrun")
+    assert routes.launcher_command(spec, tmp_path)[1:3] == ["-m", "torch.distributed.run"]
     spec = routes.prepare("accelerate", out=tmp_path / "a", accelerate_config="accelerate_configs/deepspeed_zero2.yaml")
     spec["ds_config"] = "RUN/ds_config.json"
     command = routes.launcher_command(spec, tmp_path)

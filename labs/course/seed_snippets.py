@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from unittest import mock
 
 import hjson
 
@@ -168,9 +169,9 @@ def hf_fill(config: dict, *, world_size=2, steps=8, hidden_size=64, **training_a
             pass
 
     Model.config.hidden_size = hidden_size
-    with quiet_deepspeed(), tempfile.TemporaryDirectory() as folder:
-        args = Ranks(TrainingArguments(output_dir=folder, report_to="none", **training_args))
     try:
+        with quiet_deepspeed(), tempfile.TemporaryDirectory() as folder:
+            args = Ranks(TrainingArguments(output_dir=folder, report_to="none", **training_args))
         filled = HfTrainerDeepSpeedConfig(json.loads(json.dumps(config)))
         filled.trainer_config_process(args)
         filled.trainer_config_finalize(args, Model(), steps)
@@ -216,9 +217,10 @@ def probe(folder) -> list[dict]:
 
 def accelerate_plan(yaml_text: str, folder, script="train.py") -> dict:
     """What `accelerate launch --config_file X script` would start on this machine, computed by accelerate's own
-    argument validation and DeepSpeed command builder without starting it; plus whether DeepSpeed's runner finds
-    the hostfile that command names."""
+    argument validation and DeepSpeed command builder without starting it; the ZeRO stage and offload the processes'
+    DeepSpeed plugin would take from that environment; and whether DeepSpeed's runner finds the hostfile named."""
     from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils import DeepSpeedPlugin
     from accelerate.utils.launch import prepare_deepspeed_cmd_env
 
     with quiet_deepspeed():
@@ -233,8 +235,10 @@ def accelerate_plan(yaml_text: str, folder, script="train.py") -> dict:
         hostfile = command[command.index("--hostfile") + 1] if "--hostfile" in command else None
         with quiet_deepspeed():
             hosts = fetch_hostfile(hostfile) if hostfile else None
-    return dict(command=command, mixed_precision=env.get("ACCELERATE_MIXED_PRECISION"),
-                zero_stage=env.get("ACCELERATE_DEEPSPEED_ZERO_STAGE"), hostfile=hostfile, hosts=hosts)
+        with mock.patch.dict(os.environ, env, clear=True):      # what each process's DeepSpeed plugin would hold
+            plugin = DeepSpeedPlugin()
+    return dict(command=command, mixed_precision=env.get("ACCELERATE_MIXED_PRECISION"), zero_stage=plugin.zero_stage,
+                offload=plugin.offload_optimizer_device, hostfile=hostfile, hosts=hosts)
 
 
 def _cuda() -> bool:
