@@ -76,7 +76,8 @@ def run(route, out, stream=False, label=None, **kwargs) -> "RouteRun":
     out = Path(out)
     work = runfolder.partial_folder(out)
     try:
-        spec["ds_config"] = str(_ds_config_for_ranks(spec, work))
+        if spec["route"] == "trainer" or spec["accelerate_config"]["distributed_type"] == "DEEPSPEED":
+            spec["ds_config"] = str(_ds_config_for_ranks(spec, work))
         if spec["checkpoint_step"]:
             resumed = config_lib.variant(config_lib.load(spec["ds_config"]), {CHECKPOINTED: True})
             spec["resume_ds_config"] = str(config_lib.write(resumed, work / "ds_config_resume.json"))
@@ -103,7 +104,8 @@ def run(route, out, stream=False, label=None, **kwargs) -> "RouteRun":
 def reference(out, config="zero3.json", steps=8, label=None, **kwargs):
     """The `labs train` run the routes are compared with (labs.launch.run, no instruments), announced like a route."""
     if label:
-        print(f"{label}: {steps} steps on 2 ranks ...", end=" ", flush=True)
+        spec, _ = launch.prepare(config=config, steps=steps, out=out, instruments=(), **kwargs)
+        print(f"{label}: {steps} steps of '{spec['preset']}' on {spec['nproc']} ranks ...", end=" ", flush=True)
     start = time.perf_counter()
     run = launch.run(config=config, steps=steps, out=out, stream=False, instruments=(), **kwargs)
     if label:
