@@ -19,6 +19,27 @@ def loss_curves(runs: dict, ax=None, title="training loss"):
     return ax
 
 
+def loss_gaps(runs: dict, reference, ax=None, floor=1e-6, title="|loss - reference loss| per step"):
+    """runs: {label: run}; each run's absolute loss difference from `reference` (which may be one of the runs) at
+    every step, on a symmetric-log axis (linear below `floor`) so that exact zeros, a bit-identical run, stay on
+    the plot."""
+    ax = ax or plt.subplots(figsize=(6, 3.5))[1]
+    base = {r["step"]: r["loss"] for r in reference.metrics}
+    for label, run in runs.items():
+        if run is reference:      # keeps its colour slot, so that this plot and loss_curves(runs) share colours
+            ax.plot([], [])
+            continue
+        steps = [r["step"] for r in run.metrics if r["step"] in base]
+        ax.plot(steps, [abs(r["loss"] - base[r["step"]]) for r in run.metrics if r["step"] in base], marker=".",
+                label=label)
+    ax.set_yscale("symlog", linthresh=floor)
+    ax.set_ylim(bottom=0)
+    ax.set(xlabel="optimizer step", ylabel="|difference| (nats per token)", title=title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    return ax
+
+
 def throughput_bars(rows: list[dict], labels: list[str], ax=None, title="tokens/s per GPU"):
     """Bars of tokens/s per GPU with the MFU written on each bar."""
     ax = ax or plt.subplots(figsize=(7, 3.5))[1]

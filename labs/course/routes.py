@@ -1,0 +1,248 @@
+"""Chapter 8's routes into DeepSpeed and FSDP, each launched as a real multi-process job by its own stock launcher,
+on the same model, data, seed and hyperparameters as a `labs train` run, so the per-step losses compare:
+
+    trainer = routes.run("trainer", RUNS / "08" / "trainer", config="zero3.json", launcher="deepspeed")
+    ds = routes.run("accelerate", RUNS / "08" / "acc_ds", accelerate_config="accelerate_configs/deepspeed_zero2.yaml")
+    trainer.losses, trainer.metrics, trainer.ds_config, trainer.ranks[0]["param_elements_held"]
+
+The hyperparameters (micro-batch, accumulation, learning rate, Adam's betas and eps, weight decay, warm-up, clipping)
+are what labs.resolve makes of the same DeepSpeed file for `labs train`; the route's own filler (HF's, accelerate's)
+then fills the file's "auto" entries from them. Bad input raises LabsError before anything starts or is written.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+import yaml
+
+from labs import ROOT, launch, runfolder
+from labs import config as config_lib
+from labs.env import repaired_environment
+from labs.errors import LabsError, RankFailed, check_choice
+
+ROUTES = ("trainer", "accelerate")
+LAUNCHERS = {"trainer": ("deepspeed", "torchrun"), "accelerate": ("accelerate",)}
+ACCELERATE_TYPES = ("DEEPSPEED", "FSDP")
+CHECKPOINTED = "zero_optimization.stage3_gather_16bit_weights_on_model_save"
+
+
+def prepare(route, *, out, config="zero3.json", accelerate_config=None, launcher=None, preset="tiny", steps=8,
+            seed=0, nproc=None, checkpoint_step=None) -> dict:
+    """Check every input and return the route's spec (what RUN_DIR/route.json holds). `config` is the DeepSpeed
+    file the Trainer gets (route "trainer") or whose resolved optimizer and schedule an FSDP run uses; an accelerate
+    DEEPSPEED YAML names its own file. `checkpoint_step`: the Trainer saves a checkpoint there and a second Trainer
+    resumes from it in the same job."""
+    check_choice("route", route, ROUTES)
+    launcher = launcher or LAUNCHERS[route][0]
+    check_choice(f"launcher for route '{route}'", launcher, LAUNCHERS[route])
+    yaml_config = _accelerate_yaml(accelerate_config) if route == "accelerate" else None
+    if route == "accelerate" and yaml_config["distributed_type"] == "DEEPSPEED":
+        config = yaml_config["deepspeed_file"]
+    labs_spec, resolved = launch.prepare(preset=preset, config=config, steps=steps, nproc=nproc, seed=seed, out=out,
+                                         instruments=())
+    if yaml_config and yaml_config["num_processes"] != labs_spec["nproc"]:
+        raise LabsError(f"accelerate config '{accelerate_config}': num_processes is {yaml_config['num_processes']} "
+                        f"but this run has {labs_spec['nproc']} ranks; make them agree")
+    if checkpoint_step is not None and (route != "trainer" or not 0 < checkpoint_step < steps):
+        raise LabsError(f"checkpoint_step {checkpoint_step!r}: only the trainer route resumes, from a step between 1 "
+                        f"and {steps - 1}")
+    optimizer, schedule = resolved.get("optimizer", {}).get("params", {}), resolved.get("scheduler", {})
+    hyper = dict(micro_batch=resolved["train_micro_batch_size_per_gpu"],
+                 grad_accum=resolved["gradient_accumulation_steps"], lr=optimizer.get("lr"),
+                 betas=optimizer.get("betas", [0.9, 0.999]), eps=optimizer.get("eps", 1e-8),
+                 weight_decay=optimizer.get("weight_decay", 0.0), clip=resolved.get("gradient_clipping", 0.0),
+                 warmup_steps=schedule.get("params", {}).get("warmup_num_steps", 0))
+    return dict(route=route, launcher=launcher, preset=preset, steps=steps, seed=seed, nproc=labs_spec["nproc"],
+                seq_len=labs_spec["seq_len"], data=None, precision=labs_spec["precision"], hyper=hyper,
+                scheduler=schedule, config=str(config_lib.find(config)), accelerate_config=yaml_config,
+                checkpoint_step=checkpoint_step)
+
+
+def run(route, out, stream=False, label=None, **kwargs) -> "RouteRun":
+    """Launch one route (keyword arguments of `prepare`) and wait; returns the finished run folder. `label`: print
+    one line when it starts and one when it is done; `stream`: print the launcher's output afterwards."""
+    spec = prepare(route, out=out, **kwargs)
+    if label:
+        print(f"{label}: {spec['steps']} steps of '{spec['preset']}' on {spec['nproc']} ranks ...", end=" ", flush=True)
+    start = time.perf_counter()
+    out = Path(out)
+    work = runfolder.partial_folder(out)
+    try:
+        if spec["route"] == "trainer" or spec["accelerate_config"]["distributed_type"] == "DEEPSPEED":
+            spec["ds_config"] = str(_ds_config_for_ranks(spec, work))
+        if spec["checkpoint_step"]:
+            resumed = config_lib.variant(config_lib.load(spec["ds_config"]), {CHECKPOINTED: True})
+            spec["resume_ds_config"] = str(config_lib.write(resumed, work / "ds_config_resume.json"))
+        env, _ = repaired_environment(spec["nproc"], cpu_offload=False)
+        env.update(PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
+        command = launcher_command(spec, work)
+        (work / "route.json").write_text(json.dumps(spec, indent=1) + "\n")
+        (work / "command.txt").write_text(shlex.join(command) + "\n")
+        with open(work / "launch.log", "wb") as log:
+            code = subprocess.run(command, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT).returncode
+        if stream:
+            print((work / "launch.log").read_text(errors="replace"))
+        if code != 0 or len(list(work.glob("rank*.json"))) != spec["nproc"]:
+            raise RankFailed(_failure(work, code))
+        runfolder.publish(work, out)
+    except BaseException:
+        runfolder.discard(work)
+        raise
+    if label:
+        print(f"done in {time.perf_counter() - start:.0f} s", flush=True)
+    return RouteRun(out)
+
+
+def reference(out, config="zero3.json", steps=8, label=None, **kwargs):
+    """The `labs train` run the routes are compared with (labs.launch.run, no instruments), announced like a route."""
+    if label:
+        spec, _ = launch.prepare(config=config, steps=steps, out=out, instruments=(), **kwargs)
+        print(f"{label}: {steps} steps of '{spec['preset']}' on {spec['nproc']} ranks ...", end=" ", flush=True)
+    start = time.perf_counter()
+    run = launch.run(config=config, steps=steps, out=out, stream=False, instruments=(), **kwargs)
+    if label:
+        print(f"done in {time.perf_counter() - start:.0f} s", flush=True)
+    return run
+
+
+def shown_command(run_path) -> str:
+    """A run folder's command.txt as a reader would type it: `python`, paths from the repository root, the run
+    folder as RUN and the rendezvous port as PORT (both change from run to run)."""
+    words = shlex.split((Path(run_path) / "command.txt").read_text())
+    shown = []
+    for word in words:
+        word = "python" if word == sys.executable else re.sub(r"\S*\.partial", "RUN", word.replace(f"{ROOT}/", ""))
+        shown.append("PORT" if shown and shown[-1] in ("--master_port", "--main_process_port") else word)
+    return " ".join(shown)
+
+
+def launcher_command(spec: dict, run_dir: Path) -> list[str]:
+    """The stock launcher's command line for a route (run from the repository root)."""
+    script = ["labs.course.route_rank", str(run_dir)]
+    port = str(_free_port())
+    if spec["launcher"] == "deepspeed":
+        return [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(spec["nproc"]),
+                "--master_port", port, "--no_local_rank", "--module", *script]
+    if spec["launcher"] == "torchrun":
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={spec['nproc']}",
+                "-m", *script]
+    yaml_config = spec["accelerate_config"]
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", yaml_config["path"],
+               "--main_process_port", port]
+    if yaml_config["distributed_type"] == "DEEPSPEED":
+        command += ["--deepspeed_config_file", spec["ds_config"]]
+    return command + ["-m", *script]
+
+
+def _ds_config_for_ranks(spec, work: Path) -> Path:
+    """The DeepSpeed file the ranks get: the route's file as it is, except on a machine without a GPU, where
+    DeepSpeed's default AdamW is a fused kernel it would first compile (minutes): there torch's AdamW is asked for
+    with torch_adam (labs.resolve does the same for `labs train`). The copy lands in the run folder."""
+    raw = config_lib.load(spec["config"])
+    if torch.cuda.is_available() or "optimizer" not in raw or config_lib.offloads(raw)["optimizer"]:
+        return Path(spec["config"]).resolve()
+    return config_lib.write(config_lib.variant(raw, {"optimizer.params.torch_adam": True}), work / "ds_config.json")
+
+
+def _accelerate_yaml(path) -> dict:
+    """What labs needs from an accelerate config file, checked: its type, process count, and DeepSpeed file."""
+    if path is None:
+        raise LabsError("route 'accelerate' needs accelerate_config: a YAML file such as "
+                        "accelerate_configs/deepspeed_zero2.yaml")
+    found = Path(path) if Path(path).is_absolute() else ROOT / path
+    if not found.is_file():
+        raise LabsError(f"accelerate config '{path}' does not exist; pass a YAML file such as "
+                        "accelerate_configs/fsdp2.yaml")
+    try:
+        loaded = yaml.safe_load(found.read_text())
+    except yaml.YAMLError as exc:
+        raise LabsError(f"accelerate config '{path}' is not valid YAML: {str(exc).splitlines()[0]}") from None
+    if not isinstance(loaded, dict):
+        raise LabsError(f"accelerate config '{path}' must hold a YAML mapping")
+    kind = loaded.get("distributed_type")
+    if kind not in ACCELERATE_TYPES:
+        raise LabsError(f"accelerate config '{path}': distributed_type is {kind!r}; this chapter runs "
+                        f"{' or '.join(ACCELERATE_TYPES)}")
+    if not isinstance(loaded.get("num_processes"), int):
+        raise LabsError(f"accelerate config '{path}': num_processes must be an integer")
+    result = dict(path=str(found), distributed_type=kind, num_processes=loaded["num_processes"])
+    if kind == "DEEPSPEED":
+        name = (loaded.get("deepspeed_config") or {}).get("deepspeed_config_file")
+        if not name:
+            raise LabsError(f"accelerate config '{path}': deepspeed_config.deepspeed_config_file is missing; name a "
+                            "DeepSpeed JSON file (relative to the repository root)")
+        file = Path(name) if Path(name).is_absolute() else ROOT / name
+        if not file.is_file():
+            raise LabsError(f"accelerate config '{path}': deepspeed_config.deepspeed_config_file '{name}' does not "
+                            "exist (relative paths are read from the repository root)")
+        config_lib.load(file)       # accelerate reads it with json: plain JSON, no comments
+        result["deepspeed_file"] = str(file)
+    return result
+
+
+def _free_port() -> int:
+    """A port nobody listens on now, for the launcher's rendezvous (other jobs may run on this host)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _failure(work: Path, code: int) -> str:
+    errors = sorted(work.glob("rank*.err"), key=lambda p: p.stat().st_mtime)
+    if errors:
+        return f"{errors[0].stem.replace('rank', 'rank ')} failed (launcher exit code {code}):\n" + errors[0].read_text()
+    tail = (work / "launch.log").read_bytes()[-4000:].decode("utf-8", "replace")
+    return f"the launcher exited with code {code} before any rank reported an error; its output ended:\n{tail}"
+
+
+class RouteRun:
+    """A finished route folder: route.json, command.txt, launch.log and one rank<r>.json per rank."""
+
+    def __init__(self, path):
+        self.path = Path(path)
+        self.spec = json.loads((self.path / "route.json").read_text())
+        self.ranks = [json.loads((self.path / f"rank{r}.json").read_text()) for r in range(self.spec["nproc"])]
+
+    @property
+    def metrics(self) -> list[dict]:
+        """Per step: the mean of the ranks' losses (as `labs train` records it), the learning rate and the
+        gradient norm rank 0 saw."""
+        return _metrics(self.ranks)
+
+    @property
+    def losses(self) -> list[float]:
+        return [m["loss"] for m in self.metrics]
+
+    @property
+    def ds_config(self) -> dict | None:
+        """The DeepSpeed config as the engine got it, every "auto" filled (None under FSDP)."""
+        return self.ranks[0].get("ds_config")
+
+    @property
+    def resumed(self) -> list[dict] | None:
+        """The resumed Trainer's steps (trainer route with checkpoint_step), numbered from the checkpoint on."""
+        if "resumed" not in self.ranks[0]:
+            return None
+        first = self.spec["checkpoint_step"] + 1
+        return [dict(m, step=m["step"] + first - 1) for m in _metrics([r["resumed"] for r in self.ranks])]
+
+
+def _metrics(ranks: list[dict]) -> list[dict]:
+    rows = []
+    for i, losses in enumerate(zip(*[r["losses"] for r in ranks])):
+        rows.append(dict(step=i + 1, loss=sum(losses) / len(losses), rank_losses=list(losses),
+                         lr=ranks[0]["lrs"][i], grad_norm=ranks[0]["grad_norms"][i]))
+    return rows
+
+
+def loss_differences(runs: dict, reference) -> dict:
+    """Largest |loss difference| from the reference run (a labs Run or a RouteRun) over the common steps."""
+    return {name: max(abs(a - b) for a, b in zip(run.losses, reference.losses)) for name, run in runs.items()}

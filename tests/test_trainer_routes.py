@@ -1,0 +1,168 @@
+"""Chapter 8's routes: the data order HF's Trainer and accelerate see, bad input, the checks that grade the seed's
+snippets, and one real job: transformers.Trainer + DeepSpeed ZeRO-3 on 2 ranks (the `deepspeed` launcher), with a
+checkpoint halfway and a second Trainer resuming from it in the same job."""
+import json
+
+import pytest
+import torch
+
+from labs import CONFIGS, data, launch, models
+from labs.course import route_checks, routes, seed_snippets
+from labs.course.route_batches import LabsOrder, dealt_batches
+from labs.errors import LabsError
+
+ROWS = torch.arange(23 * 5).view(23, 5)     # 23 rows: uneven shares, a dropped tail
+
+
+@pytest.mark.parametrize("world_size, micro_batch", [(2, 2), (3, 1), (2, 3)])
+def test_accelerate_deals_labs_order_as_labs_rank_batches(world_size, micro_batch):
+    for rank in range(world_size):
+        labs_batches = data.rank_batches(ROWS, micro_batch, rank, world_size, seed=7)
+        per_epoch = len(LabsOrder(ROWS.shape[0], micro_batch, world_size, 7)) // world_size // micro_batch
+        for epoch in range(2):                       # the second epoch reshuffles with seed + 1 in both
+            dealt = list(dealt_batches(ROWS, micro_batch, rank, world_size, seed=7, epoch=epoch))
+            assert len(dealt) == per_epoch
+            for batch in dealt:
+                assert torch.equal(batch, next(labs_batches))
+
+
+def test_too_little_data_is_a_labs_error():
+    with pytest.raises(LabsError, match="cannot fill one micro-batch"):
+        LabsOrder(3, 2, 2, 0)
+
+
+def _yaml(tmp_path, text, name="x.yaml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+BAD = [
+    (dict(route="keras"), "unknown route 'keras'"),
+    (dict(route="trainer", launcher="mpirun"), "unknown launcher for route 'trainer' 'mpirun'"),
+    (dict(route="accelerate"), "needs accelerate_config"),
+    (dict(route="accelerate", accelerate_config="nowhere.yaml"), "'nowhere.yaml' does not exist"),
+    (dict(route="accelerate", accelerate_config="TMP/multi_gpu.yaml"), "distributed_type is 'MULTI_GPU'"),
+    (dict(route="accelerate", accelerate_config="TMP/four.yaml"), "num_processes is 4 but this run has 2 ranks"),
+    (dict(route="accelerate", accelerate_config="TMP/no_file.yaml"), "deepspeed_config_file is missing"),
+    (dict(route="accelerate", accelerate_config="TMP/comments.yaml"), "not valid JSON: line 1"),
+    (dict(route="trainer", config="zero2_typo.json"), "config 'zero2_typo.json' does not exist"),
+    (dict(route="trainer", checkpoint_step=8), "checkpoint_step 8"),
+    (dict(route="accelerate", accelerate_config="accelerate_configs/fsdp2.yaml", checkpoint_step=2),
+     "only the trainer route resumes"),
+]
+
+
+@pytest.mark.parametrize("kwargs, message", BAD)
+def test_bad_input_is_one_labs_error_before_anything_is_written(tmp_path, kwargs, message):
+    _yaml(tmp_path, "distributed_type: MULTI_GPU\nnum_processes: 2\n", "multi_gpu.yaml")
+    _yaml(tmp_path, "distributed_type: FSDP\nnum_processes: 4\n", "four.yaml")
+    _yaml(tmp_path, "distributed_type: DEEPSPEED\nnum_processes: 2\n", "no_file.yaml")
+    (tmp_path / "c.json").write_text(seed_snippets.ZERO2_JSON.replace('"auto"', "2").replace("{\n", "{ // x\n", 1))
+    _yaml(tmp_path, f"distributed_type: DEEPSPEED\nnum_processes: 2\ndeepspeed_config:\n"
+                    f"  deepspeed_config_file: {tmp_path / 'c.json'}\n", "comments.yaml")
+    if "accelerate_config" in kwargs:
+        kwargs = dict(kwargs, accelerate_config=kwargs["accelerate_config"].replace("TMP", str(tmp_path)))
+    out = tmp_path / "out"
+    with pytest.raises(LabsError, match=message) as error:
+        routes.run(out=out, steps=8, **kwargs)
+    assert "\n" not in str(error.value)
+    assert not out.exists() and not list(tmp_path.glob(".out*"))
+
+
+def test_launcher_commands(tmp_path):
+    spec = routes.prepare("trainer", out=tmp_path / "t", launcher="deepspeed")
+    command = routes.launcher_command(spec, tmp_path)
+    assert command[1:3] == ["-m", "deepspeed.launcher.runner"] and "--no_local_rank" in command
+    assert command[-3:] == ["--module", "labs.course.route_rank", str(tmp_path)]
+    spec = routes.prepare("trainer", out=tmp_path / "t", launcher="torchrun")
+    assert routes.launcher_command(spec, tmp_path)[1:3] == ["-m", "torch.distributed.run"]
+    spec = routes.prepare("accelerate", out=tmp_path / "a", accelerate_config="accelerate_configs/deepspeed_zero2.yaml")
+    spec["ds_config"] = "RUN/ds_config.json"
+    command = routes.launcher_command(spec, tmp_path)
+    assert spec["config"] == str(CONFIGS / "zero2.json")
+    assert command[command.index("--deepspeed_config_file") + 1] == "RUN/ds_config.json"
+
+
+def test_seed_json_with_comments_passes_hjson_not_json():
+    assert "line 17 column 28" in seed_snippets.json_error(seed_snippets.ZERO2_JSON)
+    assert seed_snippets.hjson_error(seed_snippets.ZERO2_JSON) is None
+    assert seed_snippets.json_error(seed_snippets.ZERO3_OFFLOAD_JSON) is not None
+
+
+def test_hf_fills_auto_and_refuses_what_disagrees():
+    zero2 = seed_snippets.without_comments(seed_snippets.ZERO2_JSON)
+    filled, error = seed_snippets.hf_fill(zero2, world_size=2, per_device_train_batch_size=4, fp16=True)
+    assert error is None and filled["train_batch_size"] == 8 and filled["optimizer"]["params"]["lr"] == 5e-5
+    assert "fp16.enabled=True vs hf fp16" in seed_snippets.hf_fill(zero2, per_device_train_batch_size=4)[1]
+    fixed = dict(zero2, train_batch_size=16)
+    assert "train_batch_size=16" in seed_snippets.hf_fill(fixed, per_device_train_batch_size=4, fp16=True)[1]
+    assert "unsupported operand" in seed_snippets.deepspeed_error(zero2)        # DeepSpeed itself fills no "auto"
+    assert seed_snippets.deepspeed_error(filled) is None
+    from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
+
+    seed_snippets.hf_fill(json.loads((CONFIGS / "zero3.json").read_text()), adam_beta2=0.95)
+    assert not is_deepspeed_zero3_enabled()      # no ZeRO-3 config left behind to reroute later model builds
+
+
+def test_bf16_rounding_and_accelerate_scheduler_rule():
+    assert route_checks.bf16_rounding(11.3) == 2.0 ** -5
+    assert float(torch.tensor(11.3 + 0.9 * 2.0 ** -5).bfloat16()) - 11.3 <= 2.0 ** -5
+    assert route_checks.accelerate_scheduler_steps(16, 2) == 8 and route_checks.accelerate_scheduler_steps(9, 2) == 5
+
+
+# ---------------------------------------------------------------------------------------------- one real job
+@pytest.fixture(scope="module")
+def trainer_run(tmp_path_factory):
+    """Trainer + DeepSpeed ZeRO-3, 4 steps, checkpoint after step 2, a second Trainer resuming from it."""
+    return routes.run("trainer", tmp_path_factory.mktemp("routes") / "trainer", config="zero3.json",
+                      launcher="deepspeed", steps=4, checkpoint_step=2)
+
+
+def test_trainer_runs_on_two_ranks_with_zero3_partitions(trainer_run):
+    assert [r["world_size"] for r in trainer_run.ranks] == [2, 2]
+    total = models.param_counts(models.shape("tiny"))["total"]
+    assert all(r["param_elements"] == total for r in trainer_run.ranks)
+    assert total <= sum(r["param_elements_held"] for r in trainer_run.ranks) < total * 1.001   # halves (+ padding)
+    assert trainer_run.ds_config["zero_optimization"]["stage"] == 3
+
+
+def test_trainer_sees_labs_weights_batches_and_schedule(trainer_run):
+    """Step 1 (before any update) is a pure function of the initial weights and the batch: each rank's loss must
+    equal the plain forward of labs.models.build's model on labs.data.rank_batches' first batch for that rank."""
+    spec = trainer_run.spec
+    model = models.build("tiny", dtype=torch.bfloat16, device=torch.device("cpu"), seed=spec["seed"])
+    rows = data.pack(data.corpus_tokens(None), spec["seq_len"])
+    torch.set_num_threads(1)
+    for rank, record in enumerate(trainer_run.ranks):
+        batch = next(data.rank_batches(rows, spec["hyper"]["micro_batch"], rank, 2, spec["seed"]))
+        with torch.no_grad():
+            assert model(input_ids=batch, labels=batch).loss.item() == record["losses"][0]
+    _, resolved = launch.prepare(preset="tiny", config="zero3.json", steps=4)
+    from deepspeed.runtime.lr_schedules import WarmupCosineLR
+
+    optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=resolved["optimizer"]["params"]["lr"])
+    schedule = WarmupCosineLR(optimizer, **resolved["scheduler"]["params"])
+    expected = []
+    for _ in range(4):
+        schedule.step()
+        expected.append(optimizer.param_groups[0]["lr"])
+    assert [m["lr"] for m in trainer_run.metrics] == expected
+
+
+def test_resumed_trainer_repeats_every_loss_exactly(trainer_run):
+    resumed = trainer_run.resumed
+    assert [m["step"] for m in resumed] == [3, 4]
+    assert [m["rank_losses"] for m in resumed] == [m["rank_losses"] for m in trainer_run.metrics[2:]]
+
+
+def test_zero3_checkpoint_holds_no_weights_but_zero_to_fp32_recovers_them(trainer_run):
+    checkpoint = trainer_run.path / "trainer" / "checkpoint-2"
+    assert "model.safetensors" not in route_checks.checkpoint_files(checkpoint)
+    weights = route_checks.recovered_weights(checkpoint)
+    for rank in (0, 1):
+        replayed = route_checks.replay_loss(checkpoint, trainer_run.spec, 3, rank, weights, zero3_linear=True)
+        assert replayed == trainer_run.ranks[rank]["losses"][2]
+    saved = route_checks.safetensors_summary(trainer_run.path / "resumed" / "final" / "model.safetensors")
+    assert saved["elements"] == models.param_counts(models.shape("tiny"))["total"]
+    assert saved["dtypes"] == ["torch.bfloat16"]
