@@ -33,7 +33,7 @@ def _train_args(sub):
     p.add_argument("--loss", default="hf", help="hf (stock) | chunked | liger (GPU)")
     p.add_argument("--kernels", default="stock", help="stock | liger (Triton RMSNorm/SwiGLU/RoPE, GPU)")
     p.add_argument("--activation-checkpointing", default="none", help="none | full | number of layers")
-    p.add_argument("--engine", default="deepspeed", help="deepspeed | fsdp2")
+    p.add_argument("--engine", help="deepspeed | fsdp2 (default: fsdp2 if the config has an \"fsdp\" block)")
     p.add_argument("--quiet", action="store_true", help="do not stream the ranks' output")
 
 

@@ -25,20 +25,21 @@ from labs.env import repaired_environment
 from labs.errors import LabsError, RankFailed, check_choice
 from labs.runfolder import Run
 
-ENGINES = ("deepspeed", "fsdp2")
+ENGINES = resolve.ENGINES
 # What the rank loop can measure besides training (labs.instruments): the engine's tensors after the last backward,
-# the bytes every collective moves, ZeRO's working buffers. Named here so bad names fail before any rank starts.
-INSTRUMENTS = ("state_bytes", "comm", "zero_buffers")
+# the bytes every collective moves, ZeRO's working buffers, a checkpoint's format. Named here so bad names fail
+# before any rank starts.
+INSTRUMENTS = ("state_bytes", "comm", "zero_buffers", "state_dict")
 
 
 def prepare(preset="tiny", config=resolve.DEFAULT_CONFIG, steps=30, out="runs/demo", nproc=None, model_path=None,
             seed=0, micro_batch=None, grad_accum=None, seq_len=None, lr=None, data_path=None, loss="hf",
-            activation_checkpointing="none", warmup_steps=2, engine="deepspeed", stock=False, kernels="stock",
+            activation_checkpointing="none", warmup_steps=2, engine=None, stock=False, kernels="stock",
             precision=None, instruments=("state_bytes",)):
     """Check every input before anything is written; return (spec, resolved DeepSpeed config).
-    `instruments` names what the rank loop measures besides training (INSTRUMENTS)."""
+    `instruments` names what the rank loop measures besides training (INSTRUMENTS). `engine` None: FSDP2 when the
+    config has an "fsdp" block, else DeepSpeed (labs.resolve.engine)."""
     models.check_preset(preset)
-    check_choice("engine", engine, ENGINES)
     check_choice("loss", loss, models.LOSSES)
     check_choice("kernels", kernels, models.KERNELS)
     for name in instruments:
@@ -46,6 +47,7 @@ def prepare(preset="tiny", config=resolve.DEFAULT_CONFIG, steps=30, out="runs/de
     if not isinstance(steps, int) or steps < 1:
         raise LabsError(f"--steps must be a positive integer, not {steps!r}")
     raw = config_lib.load(config)
+    engine = resolve.engine(raw, engine)
     dims = models.shape(preset)
     if model_path is not None:
         model_path = str(models.check_model_path(model_path).resolve())
@@ -57,7 +59,8 @@ def prepare(preset="tiny", config=resolve.DEFAULT_CONFIG, steps=30, out="runs/de
     on_gpu = torch.cuda.is_available()
     nproc = nproc or (torch.cuda.device_count() if on_gpu else 2)
     resolved = resolve.ds_config(raw, world_size=nproc, dims=dims, steps=steps, on_gpu=on_gpu, preset=preset,
-                                 micro_batch=micro_batch, grad_accum=grad_accum, lr=lr, precision=precision)
+                                 micro_batch=micro_batch, grad_accum=grad_accum, lr=lr, precision=precision,
+                                 engine=engine)
     if on_gpu:
         config_lib.check_nvme_paths(resolved)
     spec = dict(preset=preset, config=str(config_lib.find(config)), steps=steps, seed=seed, nproc=nproc,
