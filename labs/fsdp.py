@@ -66,7 +66,8 @@ def strategy(fsdp_settings: dict, world_size: int) -> str:
     replicas, reshard = fsdp_settings["replicas"], fsdp_settings["reshard_after_forward"]
     if replicas == world_size and world_size > 1:
         return "NO_SHARD"
-    name = "FULL_SHARD" if reshard is True else "SHARD_GRAD_OP" if reshard is False else f"FULL_SHARD (reshard to {reshard})"
+    name = "FULL_SHARD" if reshard is True else "SHARD_GRAD_OP" if reshard is False else \
+        f"FULL_SHARD (reshard to {reshard})"
     return ("HYBRID_SHARD" if reshard is True else f"HYBRID_SHARD + {name}") if replicas > 1 else name
 
 

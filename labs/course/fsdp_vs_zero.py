@@ -147,8 +147,9 @@ def comm_rows(pairs: dict, skip=1) -> list[dict]:
             run = pair[engine]
             per_step = comm.per_step(run.metrics, skip=skip)
             params = run.summary["params"]
-            rows.append(dict(row=name, engine=engine, **{f"{kind}_per_param": per_step.get(kind, {}).get("bytes", 0) / params
-                                                         for kind in ("all_gather", "reduce_scatter", "all_reduce")}))
+            rows.append(dict(row=name, engine=engine,
+                             **{f"{kind}_per_param": per_step.get(kind, {}).get("bytes", 0) / params
+                                for kind in ("all_gather", "reduce_scatter", "all_reduce")}))
     return rows
 
 
@@ -261,9 +262,11 @@ def decision_rows(pairs: dict, gpu: list[dict]) -> list[dict]:
              because=f"same bytes of model state: {full[0]:.2f} (FSDP2) and {full[1]:.2f} (ZeRO-3) per parameter per "
                      f"rank on {ranks} ranks, same losses to bf16 rounding"),
         dict(if_="GPU speed and peak memory matter most", choose="FSDP2",
-             because=f"H200 run a, same levers: {fsdp_a['tokens_per_s_per_gpu'] / zero3_a['tokens_per_s_per_gpu']:.2f}x "
-                     f"the tokens/s, peak {fsdp_a['peak_gib']:.1f} GiB against {zero3_a['peak_gib']:.1f} GiB"),
-        dict(if_="gradient traffic is the bottleneck (slow links)", choose="DeepSpeed bf16, or FSDP2 with reduce_dtype bf16",
+             because=f"H200 run a, same levers: "
+                     f"{fsdp_a['tokens_per_s_per_gpu'] / zero3_a['tokens_per_s_per_gpu']:.2f}x the tokens/s, "
+                     f"peak {fsdp_a['peak_gib']:.1f} GiB against {zero3_a['peak_gib']:.1f} GiB"),
+        dict(if_="gradient traffic is the bottleneck (slow links)",
+             choose="DeepSpeed bf16, or FSDP2 with reduce_dtype bf16",
              because=f"FSDP2 reduce-scatters {reduce[0]:.1f} bytes per parameter per step (fp32), DeepSpeed "
                      f"{reduce[1]:.1f} (bf16)"),
         dict(if_="only the optimizer may leave the GPU, or the states exceed host memory", choose="DeepSpeed offload",

@@ -52,8 +52,9 @@ class StateDict(Instrument):
 def describe(value) -> dict:
     """Type, dtype, this rank's shape, the full shape and the placement of one state-dict value."""
     if hasattr(value, "to_local"):
-        return dict(type="DTensor", dtype=str(value.dtype).removeprefix("torch."), local_shape=list(value.to_local().shape),
-                    full_shape=list(value.shape), placement=str(tuple(value.placements)))
+        return dict(type="DTensor", dtype=str(value.dtype).removeprefix("torch."),
+                    local_shape=list(value.to_local().shape), full_shape=list(value.shape),
+                    placement=str(tuple(value.placements)))
     if isinstance(value, torch.Tensor):
         return dict(type="Tensor", dtype=str(value.dtype).removeprefix("torch."), local_shape=list(value.shape),
                     full_shape=list(value.shape), placement="whole")
@@ -89,8 +90,8 @@ def _deepspeed(engine, folder: Path) -> dict:
         states = torch.load(model_file, map_location="cpu", weights_only=False)
         optim_file = next((folder / "final").glob("*zero_pp_rank_0_*optim_states.pt"))
         optim = torch.load(optim_file, map_location="cpu", weights_only=False)["optimizer_state_dict"]
-        found.update(model_file=model_file.name, model_file_keys=sorted(states), samples=[dict(name=k, **describe(v)) for k, v in
-                                                               states["module"].items() if k.endswith(SAMPLES)],
+        found.update(model_file=model_file.name, model_file_keys=sorted(states),
+                     samples=[dict(name=k, **describe(v)) for k, v in states["module"].items() if k.endswith(SAMPLES)],
                      optimizer_file=optim_file.name, optimizer_keys=sorted(optim),
                      optimizer_flat=[describe(t) for t in _flat_groups(optim)])
         full = get_fp32_state_dict_from_zero_checkpoint(str(folder), tag="final")

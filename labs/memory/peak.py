@@ -148,10 +148,11 @@ def fsdp2(params, layout, dims, stage, world, d, mixed, state_bytes, offload_opt
     # FSDP2 allocates each layer's sharded fp32 gradient when that layer's backward reduce-scatters it (and
     # zero_grad(set_to_none) frees them all after the step), unlike DeepSpeed's gradient buffers that exist for
     # the whole step. So early in backward almost no gradient exists yet and nearly all activations still do.
-    layer_grad_shard = 0 if on_host else 4 * acts["layer_params"] / world
+    layer_grad_shard = 0 if on_host else 4 * acts["layer_params"] / (world // settings["replicas"])
     phases = {
         "loss_backward": dict(base, grads=0, activations=saved + acts["loss"], buffers=root + kept),
-        "layer_backward": dict(base, grads=layer_grad_shard, activations=acts["saved"] + recompute + acts["temporaries"],
+        "layer_backward": dict(base, grads=layer_grad_shard,
+                               activations=acts["saved"] + recompute + acts["temporaries"],
                                buffers=root + kept + layer + (d + 4) * acts["layer_params"]),  # + its unsharded grad
         "optimizer_step": dict(base, grads=0 if on_host else 4 * shard, activations=0, buffers=0),
     }
