@@ -16,7 +16,7 @@ FSDP2's own settings come from a top-level "fsdp" block of the same file (ds_con
   number k keeps them sharded over groups of k ranks in between, so backward gathers within k ranks (~ZeRO++ hpZ).
 - offload: "cpu" keeps sharded parameters, gradients and the optimizer step on the host (CPUOffloadPolicy).
 - replicas: r splits the ranks into r groups that each hold a full sharded copy (a 2-D mesh, replicate x shard:
-  HYBRID_SHARD, DeepSpeed's MiCS); "all" makes every rank a replica (NO_SHARD, i.e. DDP).
+  HYBRID_SHARD; DeepSpeed 0.19 removed its own, MiCS); "all" makes every rank a replica (NO_SHARD, i.e. DDP).
 """
 from __future__ import annotations
 
