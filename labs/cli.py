@@ -64,7 +64,8 @@ def _train_args(sub):
                                                       "(default: stock)")
     p.add_argument("--activation-checkpointing", default="none",
                    help="none | full | a number of layers, the first k (default: none)")
-    p.add_argument("--engine", default="deepspeed", help="deepspeed | fsdp2 (default: deepspeed)")
+    p.add_argument("--engine", help="deepspeed | fsdp2 (default: fsdp2 if the config has an \"fsdp\" block, else "
+                                    "deepspeed)")
     p.add_argument("--gpu-memory", help="cap each rank's GPU memory, e.g. 80GiB or H100 (default: the whole GPU)")
     p.add_argument("--no-memory-check", dest="memory_check", action="store_false",
                    help="start even when labs.memory predicts far more memory than there is")

@@ -44,7 +44,10 @@ def stage(config: dict) -> int:
 
 
 def offloads(config: dict) -> dict:
-    """{'optimizer': 'cpu'|'nvme'|None, 'param': ...} as the config asks."""
+    """{'optimizer': 'cpu'|'nvme'|None, 'param': ...} as the config asks. FSDP2's "fsdp": {"offload": "cpu"} puts
+    both on the host (its optimizer steps there too)."""
+    if (config.get("fsdp") or {}).get("offload") == "cpu":
+        return {"optimizer": "cpu", "param": "cpu"}
     zero = config.get("zero_optimization", {})
     return {part: (zero.get(f"offload_{part}") or {}).get("device") if
             (zero.get(f"offload_{part}") or {}).get("device") != "none" else None for part in ("optimizer", "param")}

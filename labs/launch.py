@@ -26,23 +26,24 @@ from labs.errors import LabsError, RankFailed, check_choice
 from labs.memory.units import parse_bytes
 from labs.runfolder import Run
 
-ENGINES = ("deepspeed", "fsdp2")
+ENGINES = resolve.ENGINES
 # What the rank loop can measure besides training (labs.instruments): the engine's tensors after the last backward,
-# the bytes every collective moves, ZeRO's working buffers. Named here so bad names fail before any rank starts.
-INSTRUMENTS = ("state_bytes", "comm", "zero_buffers")
+# the bytes every collective moves, ZeRO's working buffers, a checkpoint's format. Named here so bad names fail
+# before any rank starts.
+INSTRUMENTS = ("state_bytes", "comm", "zero_buffers", "state_dict")
 GPU_ONLY = {"loss": "liger", "kernels": "liger"}       # Liger's Triton kernels
 
 
 def prepare(preset="tiny", config=resolve.DEFAULT_CONFIG, steps=30, out="runs/demo", nproc=None, model_path=None,
             seed=0, micro_batch=None, grad_accum=None, seq_len=None, lr=None, data_path=None, loss="hf",
-            activation_checkpointing="none", warmup_steps=2, engine="deepspeed", stock=False, kernels="stock",
+            activation_checkpointing="none", warmup_steps=2, engine=None, stock=False, kernels="stock",
             precision=None, instruments=("state_bytes",), gpu_memory=None, memory_check=True, compile=False,
             sdpa="default", fp8=False):
     """Check every input before anything is written; return (spec, resolved DeepSpeed config).
     `instruments` names what the rank loop measures besides training (INSTRUMENTS); `gpu_memory` caps each rank's
-    GPU memory (e.g. "80GiB" or "H100": an H200 then behaves as an 80 GB card)."""
+    GPU memory (e.g. "80GiB" or "H100": an H200 then behaves as an 80 GB card). `engine` None: FSDP2 when the
+    config has an "fsdp" block, else DeepSpeed (labs.resolve.engine)."""
     models.check_preset(preset)
-    check_choice("engine", engine, ENGINES)
     check_choice("loss", loss, models.LOSSES)
     check_choice("kernels", kernels, models.KERNELS)
     check_choice("attention backend", sdpa, models.ATTENTION)
@@ -60,8 +61,6 @@ def prepare(preset="tiny", config=resolve.DEFAULT_CONFIG, steps=30, out="runs/de
     if not isinstance(warmup_steps, int) or warmup_steps < 0:
         raise LabsError(f"warmup_steps must be a non-negative integer, not {warmup_steps!r}")
     on_gpu = torch.cuda.is_available()
-    if fp8 and (engine != "fsdp2" or not on_gpu):
-        raise LabsError("fp8 (torchao float8 training) runs with --engine fsdp2 on a GPU with fp8 tensor cores")
     for option, value in (("loss", loss), ("kernels", kernels)):
         if value == GPU_ONLY[option] and not on_gpu:
             raise LabsError(f"--{option} {value}: Liger's Triton kernels need an NVIDIA GPU; on a CPU use "
@@ -69,6 +68,9 @@ def prepare(preset="tiny", config=resolve.DEFAULT_CONFIG, steps=30, out="runs/de
     runfolder.check_out(Path(out))
     raw = config_lib.load(config)
     preflight.check_top_level_keys(raw, config_lib.find(config))
+    engine = resolve.engine(raw, engine)
+    if fp8 and (engine != "fsdp2" or not on_gpu):
+        raise LabsError("fp8 (torchao float8 training) runs with --engine fsdp2 on a GPU with fp8 tensor cores")
     dims = models.shape(preset)
     if model_path is not None:
         model_path = str(models.check_model_path(model_path).resolve())
@@ -76,7 +78,8 @@ def prepare(preset="tiny", config=resolve.DEFAULT_CONFIG, steps=30, out="runs/de
     models.checkpointed_layers(activation_checkpointing, dims["num_hidden_layers"])
     nproc = nproc or (torch.cuda.device_count() if on_gpu else 2)
     resolved = resolve.ds_config(raw, world_size=nproc, dims=dims, steps=steps, on_gpu=on_gpu, preset=preset,
-                                 micro_batch=micro_batch, grad_accum=grad_accum, lr=lr, precision=precision)
+                                 micro_batch=micro_batch, grad_accum=grad_accum, lr=lr, precision=precision,
+                                 engine=engine)
     preflight.check_ds_config(resolved, config_lib.find(config))
     if on_gpu:
         config_lib.check_nvme_paths(resolved)

@@ -15,7 +15,7 @@ import json
 
 from labs import CONFIGS
 from labs import config as config_lib
-from labs import models
+from labs import fsdp, models
 from labs.errors import LabsError, check_choice
 
 # What a run uses when neither the command line nor the config file says. The tiny model learns fast at a high
@@ -26,6 +26,7 @@ RUN_DEFAULTS = {"tiny": dict(seq_len=64, micro_batch=2, grad_accum=1, lr=5e-3),
 # A model given only by its parameter count (memory calculator) or dims.
 GENERIC_DEFAULTS = dict(seq_len=4096, micro_batch=2, grad_accum=1, lr=1e-4)
 DEFAULT_CONFIG = "zero3.json"
+ENGINES = ("deepspeed", "fsdp2")
 # The lesson config of each ZeRO stage: what `labs memory --stage N` assumes when no --config is given.
 STAGE_FILES = {0: "zero0_ddp.json", 1: "zero1.json", 2: "zero2.json", 3: "zero3.json"}
 # Offload levels the chapters and the calculator name: (offload_optimizer device, offload_param device).
@@ -58,12 +59,24 @@ def _config_text(name: str) -> str:
     return json.dumps(config_lib.load(CONFIGS / name))
 
 
+def engine(raw: dict, engine: str | None = None) -> str:
+    """The engine a run uses: the one asked for, else FSDP2 when the config has an "fsdp" block, else DeepSpeed."""
+    if engine is None:
+        return "fsdp2" if "fsdp" in raw else "deepspeed"
+    check_choice("engine", engine, ENGINES)
+    if engine == "deepspeed" and "fsdp" in raw:
+        raise LabsError("config key 'fsdp' sets up FSDP2 but the engine is deepspeed; drop --engine (the block "
+                        "selects FSDP2) or use a DeepSpeed config such as zero3.json")
+    return engine
+
+
 def ds_config(raw: dict, *, world_size: int, dims: dict | None, steps: int, on_gpu: bool, preset: str | None = None,
               micro_batch: int | None = None, grad_accum: int | None = None, lr: float | None = None,
-              precision: str | None = None) -> dict:
+              precision: str | None = None, engine: str = "deepspeed") -> dict:
     """A copy of `raw` with every "auto" replaced, batch sizes made consistent, and the adjustments a CPU run
     needs. `micro_batch`/`grad_accum`/`lr` come from the command line (None: not given; then the file's value,
-    then the preset's default). `precision` ('fp32', 'bf16', 'fp16') overrides the file's bf16/fp16 sections."""
+    then the preset's default). `precision` ('fp32', 'bf16', 'fp16') overrides the file's bf16/fp16 sections.
+    For FSDP2 the "fsdp" block is checked and completed (labs.fsdp.settings)."""
     defaults = run_defaults(preset)
     config = copy.deepcopy(raw)
     if precision is not None:
@@ -80,6 +93,8 @@ def ds_config(raw: dict, *, world_size: int, dims: dict | None, steps: int, on_g
     _zero(config, dims)
     if config.get("gradient_clipping") == "auto":
         config["gradient_clipping"] = 1.0
+    if engine == "fsdp2" or "fsdp" in config:
+        config["fsdp"] = fsdp.settings(config, world_size)
     left = [key for key in _autos(config) if not key.startswith(NATIVE_AUTO)]
     if left:
         raise LabsError(f"config key '{left[0]}' is \"auto\", which labs cannot resolve; set a value")

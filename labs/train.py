@@ -38,6 +38,9 @@ class Instrument:
     def step_end(self, record: dict):         # add this rank's findings for the step to its metrics record
         pass
 
+    def finished(self, engine):               # training is over, the engine still exists (checkpoints go here)
+        pass
+
     def summary(self) -> dict:
         return {}
 
@@ -82,6 +85,8 @@ def main(run_dir: Path, instruments: list[Instrument] = ()):
         losses, peaks = _gather_floats([loss.item(), float(metrics.peak_memory_bytes()[0])], device, world_size)
         if log:
             log.write(meter.step_record(step, seconds, losses, peaks, engine, mine))
+    for instrument in instruments:
+        instrument.finished(engine)
     per_rank = _gather_objects(dict(allocated_after_init=allocated_after_init,
                                     peak_reserved=torch.cuda.max_memory_reserved() if device.type == "cuda" else None,
                                     **{i.name: i.summary() for i in instruments}), world_size)

@@ -143,3 +143,41 @@ def comm_volume_bars(rows: list[dict], ax=None, title="communication volume per 
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return ax
+
+
+# ---------------------------------------------------------------------------------------------- FSDP2 vs ZeRO
+def loss_gap(differences: dict, tolerances: dict, ax=None, title="|loss FSDP2 - loss DeepSpeed| per step"):
+    """differences: {label: [|difference| per step]}, tolerances: {label: tolerance}. One line per pair on a log
+    axis (exact agreement drawn at the bottom), its tolerance dashed in the same colour."""
+    ax = ax or plt.subplots(figsize=(6, 3.2))[1]
+    floor = 1e-7
+    for label, values in differences.items():
+        line, = ax.plot(range(1, len(values) + 1), [max(v, floor) for v in values], marker=".", label=label)
+        ax.axhline(tolerances[label], color=line.get_color(), linestyle="--", lw=1)
+    ax.set(yscale="log", xlabel="optimizer step", ylabel="|difference| (nats)", title=title)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7, title="dashed: bf16 tolerance", title_fontsize=7)
+    return ax
+
+
+def held_bytes_pairs(rows: list[dict], ax=None, title="bytes each rank holds after backward (rank 0)"):
+    """Stacked bars from labs.course.fsdp_vs_zero.held_rows: for every row of the mapping, FSDP2 next to DeepSpeed,
+    parameters / gradients / optimizer states in MiB, with labs.memory's predicted total as a black tick."""
+    ax = ax or plt.subplots(figsize=(8, 3.6))[1]
+    names = list(dict.fromkeys(r["row"] for r in rows))
+    colors = {"params_bytes": "#4a90d9", "grads_bytes": "#e8a33d", "optimizer_bytes": "#c2452d"}
+    for i, name in enumerate(names):
+        for j, engine in enumerate(("fsdp2", "deepspeed")):
+            row = next(r for r in rows if r["row"] == name and r["engine"] == engine)
+            x, bottom = i + (j - 0.5) * 0.38, 0.0
+            for key, color in colors.items():
+                ax.bar(x, row[key] / 2**20, 0.36, bottom=bottom, color=color, hatch="" if j == 0 else "//",
+                       edgecolor="white", label=key.removesuffix("_bytes") if i == 0 and j == 0 else None)
+                bottom += row[key] / 2**20
+            ax.hlines(row["predicted_bytes"] / 2**20, x - 0.18, x + 0.18, colors="black",
+                      label="labs.memory" if i == 0 and j == 0 else None)
+    ax.set_xticks(range(len(names)), [f"{n}\n(FSDP2 | DeepSpeed //)" for n in names], fontsize=7)
+    ax.set(ylabel="MiB on rank 0", title=title)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=7)
+    return ax

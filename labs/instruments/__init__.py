@@ -8,13 +8,16 @@ the `labs.train.Instrument` hooks. Each one's findings land in summary.json unde
 - comm (comm.py): calls and payload bytes of every collective, per step.
 - zero_buffers (buffers.py): ZeRO's gradient buckets, persistent and gathered parameters. It walks every parameter
   after each ZeRO-3 fetch, so it costs time in the hot path: chapters 2 and 3 turn it on, benchmarks do not.
+- state_dict (checkpoints.py): a real checkpoint at the end of the run (FSDP2: DCP; DeepSpeed: its ZeRO files),
+  described (files, tensor types, shapes, placements) and deleted. Chapter 7 turns it on.
 """
 from labs.errors import check_choice
 from labs.instruments.buffers import ZeroBuffers
+from labs.instruments.checkpoints import StateDict
 from labs.instruments.comm import Comm
 from labs.instruments.state import StateBytes
 
-INSTRUMENTS = {cls.name: cls for cls in (StateBytes, Comm, ZeroBuffers)}
+INSTRUMENTS = {cls.name: cls for cls in (StateBytes, Comm, ZeroBuffers, StateDict)}
 
 
 def build(names) -> list:

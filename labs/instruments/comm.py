@@ -35,6 +35,8 @@ COLLECTIVES = {
     "all_gather_into_tensor": ("all_gather", "output_tensor"),
     "_all_gather_base": ("all_gather", "output_tensor"),
     "all_gather_coalesced": ("all_gather", "output_tensor_lists"),
+    "all_gather_single": ("all_gather", "output_tensor"),          # torch 2.13's names, what FSDP2 calls
+    "reduce_scatter_single": ("reduce_scatter", "input"),
     "reduce_scatter": ("reduce_scatter", "input_list"),
     "reduce_scatter_tensor": ("reduce_scatter", "input"),
     "_reduce_scatter_base": ("reduce_scatter", "input"),

@@ -44,6 +44,7 @@ def engine_state_bytes(engine) -> dict:
     basic = getattr(wrapper, "optimizer", wrapper)             # DeepSpeed's wrapper around torch's optimizer
     for name, p in getattr(engine, "module", engine).named_parameters():    # 1. the model's own tensors
         ledger.add(getattr(p, "ds_tensor", None), "params", f"{name}.ds_tensor")
+        ledger.add(getattr(p, "ds_secondary_tensor", None), "params", f"{name}.ds_secondary_tensor")  # ZeRO++ hpZ
         ledger.add(p.data, "params", name)
         ledger.add(p.grad, "grads", f"{name}.grad")
     for group in getattr(basic, "param_groups", []):           # 2. fp32 master weights and their grads

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from labs import config as config_lib
-from labs import models, resolve
+from labs import fsdp, models, resolve
 from labs.errors import LabsError, check_choice
 from labs.memory import activations as act
 from labs.memory import layout as zero_layout
@@ -132,7 +132,13 @@ def estimate(preset=None, *, params=None, dims=None, stage=None, gpus_per_node=1
     args = dict(params=params, layout=layout, dims=dims, stage=stage, world=world, d=d, mixed=mixed,
                 state_bytes=state_bytes, offload_optimizer=offload_optimizer, offload_param=offload_param,
                 knobs=knobs, acts=acts)
-    phases, resident, host_rank, nvme_rank = (peak.fsdp2 if engine == "fsdp2" else peak.deepspeed)(**args)
+    if engine == "fsdp2":           # its own block of the config: replicas, offload, reshard_after_forward
+        settings = fsdp.settings(resolved, world)
+        phases, resident, host_rank, nvme_rank = peak.fsdp2(**args, settings=settings)
+        inputs.update(offload_optimizer="cpu" if settings["offload"] == "cpu" else None,
+                      offload_param="cpu" if settings["offload"] == "cpu" else None, fsdp=settings)
+    else:
+        phases, resident, host_rank, nvme_rank = peak.deepspeed(**args)
     for p in phases.values():
         p["total"] = sum(p.values())
         for key in p:
@@ -145,8 +151,9 @@ def estimate(preset=None, *, params=None, dims=None, stage=None, gpus_per_node=1
     if "liger" in (loss, kernels):
         notes.append("Liger's Triton kernels need a GPU")
     if engine == "fsdp2":
-        notes.append("fsdp2 is approximated: fp32 sharded params/grads/Adam states, bf16 layers gathered one "
-                     "ahead, embedding and head gathered by the root; model_states_* are DeepSpeed's numbers")
+        notes.append("fsdp2 is approximated: fp32 sharded params/grads/Adam states over world / replicas ranks, "
+                     "bf16 layers gathered one ahead, embedding and head gathered by the root; model_states_* are "
+                     "DeepSpeed's numbers")
     breakdown = dict(activations=acts["parts"], loss=acts["loss_parts"], per_layer_bytes=acts["layer"],
                      checkpointed_layers=acts["checkpointed"], tokens_per_gpu=micro_batch * seq_len, knobs=knobs,
                      optimizer_state_bytes_per_param=state_bytes / params, k=k)

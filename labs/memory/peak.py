@@ -124,31 +124,42 @@ def reduce_bucket_bytes(knobs: dict, dtype_bytes: int) -> int:
     return int((2 if knobs["overlap_comm"] else 1) * knobs["reduce_bucket_size"] * dtype_bytes)
 
 
-def fsdp2(params, layout, dims, stage, world, d, mixed, state_bytes, offload_optimizer, offload_param, knobs, acts):
+def fsdp2(params, layout, dims, stage, world, d, mixed, state_bytes, offload_optimizer, offload_param, knobs, acts,
+          settings=None):
     """FSDP2 (`fully_shard` per decoder layer and on the root), approximated: fp32 sharded parameters,
-    gradients and Adam states (16 bytes per parameter / N); bf16 copies of the current and the prefetched
-    layer during compute; the root's embedding and head gathered through forward and backward."""
-    shard = -(-params // world)
-    params_gpu = 4 * shard
-    optimizer_gpu = state_bytes * shard / params
+    gradients and Adam states (16 bytes per parameter / shard group); bf16 copies of the current and the
+    prefetched layer during compute; the root's embedding and head gathered through forward and backward.
+    `settings` is the config's "fsdp" block (labs.fsdp.settings): `replicas` groups each hold a full sharded copy
+    (the shard group is world / replicas ranks); offload "cpu" moves the shards and the optimizer to the host;
+    reshard_after_forward false (or k) keeps every layer's gathered parameters (or a 1/k slice) from forward to
+    backward."""
+    settings = settings or {"reshard_after_forward": True, "offload": "none", "replicas": 1}
+    shard = -(-params // (world // settings["replicas"]))
+    on_host = settings["offload"] == "cpu"
+    params_gpu = 0 if on_host else 4 * shard
+    optimizer_gpu = 0 if on_host else state_bytes * shard / params
     layer = 2 * d * acts["layer_params"]                       # current + prefetched layer, unsharded
     root = d * acts["head"] * (1 if dims and dims["tie_word_embeddings"] else 2)
+    reshard = settings["reshard_after_forward"]
+    kept = 0 if reshard is True else d * acts["layer_params"] * acts["layers"] / (1 if reshard is False else reshard)
     saved = acts["saved"] + acts["final_norm"]
     recompute = _recompute(acts)
     base = dict(params=params_gpu, optimizer=optimizer_gpu)
     # FSDP2 allocates each layer's sharded fp32 gradient when that layer's backward reduce-scatters it (and
     # zero_grad(set_to_none) frees them all after the step), unlike DeepSpeed's gradient buffers that exist for
     # the whole step. So early in backward almost no gradient exists yet and nearly all activations still do.
-    layer_grad_shard = 4 * acts["layer_params"] / world
+    layer_grad_shard = 0 if on_host else 4 * acts["layer_params"] / (world // settings["replicas"])
     phases = {
-        "loss_backward": dict(base, grads=0, activations=saved + acts["loss"], buffers=root),
-        "layer_backward": dict(base, grads=layer_grad_shard, activations=acts["saved"] + recompute + acts["temporaries"],
-                               buffers=root + layer + (d + 4) * acts["layer_params"]),  # + its unsharded grad, bf16 and fp32
-        "optimizer_step": dict(base, grads=4 * shard, activations=0, buffers=0),
+        "loss_backward": dict(base, grads=0, activations=saved + acts["loss"], buffers=root + kept),
+        "layer_backward": dict(base, grads=layer_grad_shard,
+                               activations=acts["saved"] + recompute + acts["temporaries"],
+                               buffers=root + kept + layer + (d + 4) * acts["layer_params"]),  # + its unsharded grad
+        "optimizer_step": dict(base, grads=0 if on_host else 4 * shard, activations=0, buffers=0),
     }
-    resident = [dict(rank=r, params_bytes=int(params_gpu), grads_bytes=int(4 * shard),
-                     optimizer_bytes=int(optimizer_gpu)) for r in range(world)]
-    return phases, resident, 0, 0
+    resident = [dict(rank=r, params_bytes=int(4 * shard), grads_bytes=int(4 * shard),
+                     optimizer_bytes=int(state_bytes * shard / params)) for r in range(world)]
+    host = (8 * shard + state_bytes * shard / params) if on_host else 0
+    return phases, resident, host, 0
 
 
 def _recompute(acts) -> int:
