@@ -24,6 +24,7 @@ def rows(results: dict[str, dict], valid_only: bool = True) -> list[dict]:
                 continue
             s = entry["summary"]
             timers = entry.get("timers_ms") or {}
+            options = entry.get("options", {})
             table.append(dict(
                 run=run, case=case, preset=s["preset"], seq_len=s["seq_len"], gpus=s["world_size"], engine=s["engine"], stage=s["zero_stage"],
                 precision=s["precision"], micro_batch=s["micro_batch"], grad_accum=s["gradient_accumulation"],
@@ -33,8 +34,19 @@ def rows(results: dict[str, dict], valid_only: bool = True) -> list[dict]:
                 after_init_gib=max(s["allocated_after_init_bytes"]) / 2**30, step_s=s["median_step_time_s"],
                 fwd_ms=timers.get("fwd"), bwd_ms=timers.get("bwd"), step_ms=timers.get("step"),
                 losses=[m["loss"] for m in entry["metrics"]], ds_config=entry.get("ds_config"),
-                date=result["date"], gpu=result["host"]["gpus"][0]))
+                date=result["date"], gpu=result["host"]["gpus"][0], mfu_causal=_mfu_causal(s),
+                fp8=options.get("fp8") == "True", compile=options.get("compile") == "True",
+                sdpa=options.get("sdpa", "default"), gpu_memory_cap=result.get("gpu_memory")))
     return table
+
+
+def _mfu_causal(summary: dict) -> float | None:
+    """MFU with the causal attention convention; runs recorded before it was stored get it from their dims."""
+    if summary.get("mfu_causal") is not None or summary.get("mfu") is None:
+        return summary.get("mfu_causal")
+    dims = models.shape(summary["preset"])
+    full, causal = (models.flops_per_token(dims, summary["seq_len"], causal=c) for c in (False, True))
+    return summary["mfu"] * causal / full
 
 
 def predicted_peak_gib(row: dict) -> float:
@@ -43,7 +55,8 @@ def predicted_peak_gib(row: dict) -> float:
     est = memory.estimate(dims=models.shape("qwen2.5-7b") if row["preset"] == "qwen2.5-7b" else
                           models.shape(row["preset"]), gpus_per_node=row["gpus"], seq_len=row["seq_len"],
                           loss=row["loss"], kernels=row["kernels"], activation_checkpointing=row["checkpointing"],
-                          ds_config=row["ds_config"], engine=row["engine"], micro_batch=row["micro_batch"])
+                          ds_config=row["ds_config"], engine=row["engine"], micro_batch=row["micro_batch"],
+                          grad_accum=row["grad_accum"])
     return est.total_per_gpu_bytes / 2**30
 
 

@@ -69,7 +69,7 @@ class MemoryEstimate:
 
 
 def estimate(preset=None, *, params=None, dims=None, stage=None, gpus_per_node=1, nodes=1, precision=None,
-             offload_optimizer=None, offload_param=None, micro_batch=None, seq_len=None,
+             offload_optimizer=None, offload_param=None, micro_batch=None, grad_accum=None, seq_len=None,
              activation_checkpointing="none", loss="hf", kernels="stock", optimizer="adamw", ds_config=None,
              engine="deepspeed", largest_layer=None, zero_init=True) -> MemoryEstimate:
     """Predict per-GPU and per-host bytes. Give a `preset` name, `dims` (labs.models.shape), or only
@@ -81,9 +81,9 @@ def estimate(preset=None, *, params=None, dims=None, stage=None, gpus_per_node=1
     gathered one ahead; no DeepSpeed buffers)."""
     inputs = dict(preset=preset, params=params, dims=dims, stage=stage, gpus_per_node=gpus_per_node, nodes=nodes,
                   precision=precision, offload_optimizer=offload_optimizer, offload_param=offload_param,
-                  micro_batch=micro_batch, seq_len=seq_len, activation_checkpointing=activation_checkpointing,
-                  loss=loss, kernels=kernels, optimizer=optimizer, ds_config=ds_config, engine=engine,
-                  largest_layer=largest_layer, zero_init=zero_init)
+                  micro_batch=micro_batch, grad_accum=grad_accum, seq_len=seq_len,
+                  activation_checkpointing=activation_checkpointing, loss=loss, kernels=kernels, optimizer=optimizer,
+                  ds_config=ds_config, engine=engine, largest_layer=largest_layer, zero_init=zero_init)
     if preset is not None:
         dims = models.shape(models.check_preset(preset))
     if dims is not None:
@@ -99,13 +99,13 @@ def estimate(preset=None, *, params=None, dims=None, stage=None, gpus_per_node=1
     check_choice("loss", loss, act.LOSSES)
     check_choice("kernels", kernels, act.KERNELS)
     for name, value in (("gpus_per_node", gpus_per_node), ("nodes", nodes), ("micro_batch", micro_batch),
-                        ("seq_len", seq_len)):
+                        ("grad_accum", grad_accum), ("seq_len", seq_len)):
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
             raise LabsError(f"{name} must be a positive integer, not {value!r}")
     world = gpus_per_node * nodes
-    resolved = _resolved_config(ds_config, stage, world, dims, preset, micro_batch, precision)
+    resolved = _resolved_config(ds_config, stage, world, dims, preset, micro_batch, grad_accum, precision)
     stage, precision = config_lib.stage(resolved), config_lib.precision(resolved)
-    micro_batch = resolved["train_micro_batch_size_per_gpu"]
+    micro_batch, grad_accum = resolved["train_micro_batch_size_per_gpu"], resolved["gradient_accumulation_steps"]
     seq_len = seq_len or resolve.run_defaults(preset)["seq_len"]
     zero = resolved.get("zero_optimization") or {}
     offload_optimizer = _offload(offload_optimizer, zero, "optimizer")
@@ -115,7 +115,7 @@ def estimate(preset=None, *, params=None, dims=None, stage=None, gpus_per_node=1
     if offload_optimizer and stage == 0:
         raise LabsError("offload_optimizer needs ZeRO stage 1, 2 or 3 (got stage 0)")
     knobs = resolve.zero_knobs(resolved)
-    inputs.update(stage=stage, precision=precision, micro_batch=micro_batch, seq_len=seq_len,
+    inputs.update(stage=stage, precision=precision, micro_batch=micro_batch, grad_accum=grad_accum, seq_len=seq_len,
                   offload_optimizer=offload_optimizer, offload_param=offload_param)
     if dims is not None:
         models.checkpointed_layers(activation_checkpointing, dims["num_hidden_layers"])   # validates
@@ -134,7 +134,8 @@ def estimate(preset=None, *, params=None, dims=None, stage=None, gpus_per_node=1
                 knobs=knobs, acts=acts)
     if engine == "fsdp2":           # its own block of the config: replicas, offload, reshard_after_forward
         settings = fsdp.settings(resolved, world)
-        phases, resident, host_rank, nvme_rank = peak.fsdp2(**args, settings=settings)
+        phases, resident, host_rank, nvme_rank = peak.fsdp2(**args, settings=settings,
+                                                            accumulation=resolved["gradient_accumulation_steps"])
         inputs.update(offload_optimizer="cpu" if settings["offload"] == "cpu" else None,
                       offload_param="cpu" if settings["offload"] == "cpu" else None, fsdp=settings)
     else:
@@ -179,21 +180,23 @@ def from_run(run, **overrides) -> MemoryEstimate:
 
 
 # ------------------------------------------------------------------------------------------ helpers
-def _resolved_config(ds_config, stage, world, dims, preset, micro_batch, precision) -> dict:
+def _resolved_config(ds_config, stage, world, dims, preset, micro_batch, grad_accum, precision) -> dict:
     """The DeepSpeed config this estimate describes, resolved by the resolver a run uses. The global batch does not
-    matter to memory, so train_batch_size is always re-derived for this many GPUs; an explicit micro_batch wins
-    over the file's (the calculator varies it)."""
+    matter to memory, so train_batch_size is always re-derived for this many GPUs; an explicit micro_batch or
+    grad_accum wins over the file's (the calculator varies them)."""
     raw = resolve.default_config(stage) if ds_config is None else ds_config
     changes = {"train_batch_size": "auto"}
     if stage is not None:
         changes["zero_optimization.stage"] = stage
     if micro_batch is not None:
-        changes.update({"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto"})
+        changes["train_micro_batch_size_per_gpu"] = micro_batch
+    if grad_accum is not None:
+        changes["gradient_accumulation_steps"] = grad_accum
     raw = config_lib.variant(raw, changes)
     if config_lib.stage(raw) not in resolve.STAGE_FILES:
         raise LabsError(f"ZeRO stage must be 0, 1, 2 or 3, not {config_lib.stage(raw)}")
     return resolve.ds_config(raw, world_size=world, dims=dims, steps=100, on_gpu=True, preset=preset,
-                             micro_batch=micro_batch, precision=precision)
+                             precision=precision)
 
 
 def _count(params) -> int:
