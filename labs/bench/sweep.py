@@ -39,6 +39,7 @@ def predicted_peak_bytes(name: str, preset: str, gpus: int, seq_len: int | None 
     """labs.memory's peak per GPU for a case, with the case's own config, loss, kernels and checkpointing."""
     options = cases.case_options(name, preset, steps=1, seq_len=seq_len, micro_batch=None, on_gpu=True)
     estimate = memory.estimate(preset, gpus_per_node=gpus, seq_len=seq_len, micro_batch=options.get("micro_batch"),
+                               grad_accum=options.get("grad_accum"),
                                activation_checkpointing=options["activation_checkpointing"], loss=options["loss"],
                                kernels=options["kernels"], engine=options.get("engine", "deepspeed"),
                                ds_config=config_lib.load(options["config"]))
