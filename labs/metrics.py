@@ -59,10 +59,10 @@ class Meter:
         self.peak = peak_flops(device_name(), spec["precision"]) if device.type == "cuda" else None
         self.memory_kind = peak_memory_bytes()[1]
 
-    def step_record(self, step, seconds, losses, peaks, engine, mine: dict) -> dict:
+    def step_record(self, step, seconds, losses, peaks, lr, engine, mine: dict) -> dict:
         grad_norm = engine.get_global_grad_norm()
         tflops_per_gpu = self.flops_per_step / seconds / self.world_size / 1e12
-        record = dict(step=step, loss=sum(losses) / len(losses), lr=engine.get_lr()[0],
+        record = dict(step=step, loss=sum(losses) / len(losses), lr=lr,
                       grad_norm=None if grad_norm is None else float(grad_norm), step_time_s=seconds,
                       tokens_per_s=self.tokens_per_step / seconds,
                       tokens_per_s_per_gpu=self.tokens_per_step / seconds / self.world_size,

@@ -195,12 +195,14 @@ def check_positive(name: str, value, kind=int):
 
 def check_hardware(nproc: int, on_gpu: bool, seq_len: int, dims: dict, estimate_kwargs: dict,
                    gpu_memory_bytes: int | None = None) -> None:
-    """What is known before launching: ranks vs devices, sequence vs positions, and labs.memory's peak against the
+    """What is known before launching: ranks vs devices (one per GPU; on a CPU at most two per core: gloo ranks
+    beyond that only thrash), sequence vs positions, and labs.memory's peak against the
     memory each rank has (a GPU, or this host's share for CPU ranks). Refused when the prediction is 25% over:
     the model is within 10% on every recorded GPU run."""
-    devices = torch.cuda.device_count() if on_gpu else (os.cpu_count() or 1)
+    cores = os.cpu_count() or 1
+    devices = torch.cuda.device_count() if on_gpu else 2 * cores
     if nproc > devices:
-        what = f"{devices} GPU(s)" if on_gpu else f"{devices} CPU core(s); each CPU rank needs one"
+        what = f"{devices} GPU(s)" if on_gpu else f"{cores} CPU core(s); labs starts at most 2 CPU ranks per core"
         raise LabsError(f"--nproc {nproc}: this machine has {what}")
     positions = dims.get("max_position_embeddings")
     if positions and seq_len > positions:

@@ -68,6 +68,7 @@ def main(run_dir: Path, instruments: list[Instrument] = ()):
             instrument.step_begin()
         _sync(device)
         start = time.perf_counter()
+        lr = engine.get_lr()[0]          # the rate this step's update uses (the scheduler moves on after it)
         loss = torch.zeros((), device=device)
         for micro_step in range(accumulation):
             micro_loss = engine(next(batches).to(device))
@@ -84,7 +85,7 @@ def main(run_dir: Path, instruments: list[Instrument] = ()):
         # One small all-gather per step: every rank's loss and peak memory reach rank 0.
         losses, peaks = _gather_floats([loss.item(), float(metrics.peak_memory_bytes()[0])], device, world_size)
         if log:
-            log.write(meter.step_record(step, seconds, losses, peaks, engine, mine))
+            log.write(meter.step_record(step, seconds, losses, peaks, lr, engine, mine))
     for instrument in instruments:
         instrument.finished(engine)
     per_rank = _gather_objects(dict(allocated_after_init=allocated_after_init,
