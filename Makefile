@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# DeepSpeed's just-in-time ops, built once per environment (labs.env.extensions_dir uses the same folder)
+export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/$(VENV)/torch_extensions
 
 # Knobs for `make train` (GPU host defaults differ; see README).
 GPU := $(shell [ -x $(PY) ] && $(PY) -c "import torch; print(int(torch.cuda.is_available()))" 2>/dev/null || echo 0)

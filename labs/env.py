@@ -34,10 +34,29 @@ def repaired_environment(nproc: int, cpu_offload: bool, base: dict | None = None
         env["OMP_NUM_THREADS"] = str(threads)
     if not torch.cuda.is_available():
         env["DS_ACCELERATOR"] = "cpu"
+    # DeepSpeed's just-in-time ops are built per Python environment: keep each environment's builds (and their
+    # lock files) apart, so two checkouts never wait on, or load, each other's build.
+    env.setdefault("TORCH_EXTENSIONS_DIR", extensions_dir())
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.setdefault("PYTHONWARNINGS", "ignore::FutureWarning")   # DeepSpeed calls deprecated torch.distributed APIs
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     return env, changes
+
+
+def extensions_dir() -> str:
+    """Where DeepSpeed's just-in-time ops are built and cached for this Python environment."""
+    return os.environ.get("TORCH_EXTENSIONS_DIR") or os.path.join(sys.prefix, "torch_extensions")
+
+
+def ops_to_build(on_gpu: bool, cpu_offload: bool, fused_adam: bool) -> list[str]:
+    """The DeepSpeed ops a run will compile first (tens of seconds to minutes each, once per environment): the CPU
+    communication op on a machine without a GPU, CPU Adam with an offloaded optimizer, FusedAdam on a GPU."""
+    wanted = (["deepspeed_shm_comm"] if not on_gpu else []) + (["cpu_adam"] if cpu_offload else []) + \
+        (["fused_adam"] if on_gpu and fused_adam and not cpu_offload else [])
+    flavour = f"py{sys.version_info.major}{sys.version_info.minor}_" + \
+        (f"cu{torch.version.cuda.replace('.', '')}" if on_gpu and torch.version.cuda else "cpu")
+    built = os.path.join(extensions_dir(), flavour)
+    return [op for op in wanted if not os.path.isfile(os.path.join(built, op, f"{op}.so"))]
 
 
 def _version(name: str) -> str | None:

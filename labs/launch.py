@@ -21,7 +21,7 @@ import torch
 
 from labs import config as config_lib
 from labs import data, models, preflight, resolve, runfolder, supervisor
-from labs.env import repaired_environment
+from labs import env as env_lib
 from labs.errors import LabsError, RankFailed, check_choice
 from labs.memory.units import parse_bytes
 from labs.runfolder import Run
@@ -108,7 +108,7 @@ def run(out="runs/demo", stream=True, **kwargs) -> Run:
     spec, resolved = prepare(out=out, **kwargs)
     spec["progress"] = "bar" if sys.stdout.isatty() else "lines"
     with runfolder.claim(Path(out)) as work:
-        env, repairs = repaired_environment(spec["nproc"], config_lib.offloads(resolved)["optimizer"] == "cpu")
+        env, repairs = env_lib.repaired_environment(spec["nproc"], config_lib.offloads(resolved)["optimizer"] == "cpu")
         env = _with_labs_importable(env)
         command = launcher_command(spec["nproc"], work)
         (work / "run.json").write_text(json.dumps(spec, indent=1) + "\n")
@@ -121,6 +121,13 @@ def run(out="runs/demo", stream=True, **kwargs) -> Run:
              "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, indent=1) + "\n")
         for repair in repairs:
             print(f"labs: repaired {repair}", flush=True)
+        optimizer = resolved.get("optimizer") or {}
+        building = env_lib.ops_to_build(torch.cuda.is_available(), config_lib.offloads(resolved)["optimizer"] == "cpu",
+                                        fused_adam=spec["engine"] == "deepspeed" and bool(optimizer) and
+                                        not (optimizer.get("params") or {}).get("torch_adam"))
+        if building:
+            print(f"labs: this is the first run here that needs DeepSpeed's {', '.join(building)} op: it compiles "
+                  f"now (about a minute each, once; cached in {env_lib.extensions_dir()})", flush=True)
         oom_before = supervisor.oom_kills()
         code = supervisor.run(command, env, work / "launch.log", echo=stream)
         if code != 0:

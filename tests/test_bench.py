@@ -106,3 +106,26 @@ def test_planner_fits_the_recorded_runs():
     assert model["rms_relative_error"] < 0.08 and model["rows"] >= 15
     plans = planner.plan(gpu_memory="H100", batch_per_gpu=8)
     assert plans and all(p["predicted_peak_gib"] * 2**30 <= results.memory.usable_bytes("H100") for p in plans)
+
+
+def test_readme_quotes_the_recorded_round_2_numbers():
+    """The README's H200 table is typed prose: every figure in it must be what chapter 9 computes from results/gpu."""
+    from conftest import ROOT
+    from labs.course import gpu_report as g
+
+    readme = (ROOT / "README.md").read_text()
+    table = readme[readme.index("## Measured on H200"):]
+    sweep = (g.best(g.RUNS["sweep"], "stock"), g.best(g.RUNS["sweep"], "labs"))
+    cap = (g.best(g.RUNS["cap"], "stock"), g.best(g.RUNS["cap"], "labs"))
+    fp8 = {r["case"]: r for r in g.case_rows(g.RUNS["fp8_vs_stock"])}
+    fp8_labs, fp8_stock = fp8["labs-fsdp2-cknone-mb4-ga2-fp8-compile"], fp8["stock-fsdp2-cknone-mb2-ga4"]
+    expected = [f"{sweep[0]['tokens_per_s_per_gpu']:,.0f}", f"{sweep[1]['tokens_per_s_per_gpu']:,.0f}",
+                f"{sweep[1]['tokens_per_s_per_gpu'] / sweep[0]['tokens_per_s_per_gpu']:.2f}x",
+                f"{sweep[1]['mfu']:.1%} ({sweep[1]['mfu_causal']:.1%})",
+                f"{cap[0]['tokens_per_s_per_gpu']:,.0f}", f"{cap[1]['tokens_per_s_per_gpu']:,.0f}",
+                f"{cap[1]['tokens_per_s_per_gpu'] / cap[0]['tokens_per_s_per_gpu']:.2f}x",
+                f"{cap[1]['mfu']:.1%} ({cap[1]['mfu_causal']:.1%})",
+                f"{fp8_stock['tokens_per_s_per_gpu']:,.0f}", f"{fp8_labs['tokens_per_s_per_gpu']:,.0f}",
+                f"{fp8_labs['tokens_per_s_per_gpu'] / fp8_stock['tokens_per_s_per_gpu']:.2f}x", f"{fp8_labs['mfu']:.1%}"]
+    missing = [figure for figure in expected if figure not in table]
+    assert not missing, missing

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -75,6 +76,35 @@ def _cpu_adam_benchmark(numel: int, steps: int) -> dict:
         optimizer.step()
         seconds.append(time.perf_counter() - start)
     return dict(median_s=statistics.median(seconds), threads=torch.get_num_threads(), numel=numel)
+
+
+LAUNCHERS = {
+    "torchrun, 2 processes": ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                              "-m", "labs.course.omp_probe"],
+    "torchrun, 1 process": ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1",
+                            "-m", "labs.course.omp_probe"],
+    "deepspeed, 2 processes": ["-m", "deepspeed.launcher.runner", "--num_gpus=2", "--module", "labs.course.omp_probe"],
+    "accelerate launch, 1 process": ["-m", "accelerate.commands.launch", "--num_processes=1", "--num_machines=1",
+                                     "--mixed_precision=no", "--dynamo_backend=no", "-m", "labs.course.omp_probe"],
+}
+
+
+def launcher_threads(names=tuple(LAUNCHERS)) -> dict:
+    """{launcher: sorted set of OMP_NUM_THREADS its processes found}, each launcher started for real on a tiny
+    probe, from an environment without OMP_NUM_THREADS (None: the launcher left it unset)."""
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    env.update(DS_ACCELERATOR="cpu" if not _has_gpu() else env.get("DS_ACCELERATOR", "cuda"), PYTHONWARNINGS="ignore")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    found = {}
+    for name in names:
+        result = subprocess.run([sys.executable, *LAUNCHERS[name]], env=env, capture_output=True, text=True,
+                                timeout=300, cwd=root)
+        lines = [json.loads(m) for m in re.findall(r"omp-probe (\{[^}]*\})", result.stdout + result.stderr)]
+        if result.returncode != 0 or not lines:
+            raise RuntimeError(f"{name} failed (exit {result.returncode}):\n{(result.stdout + result.stderr)[-2000:]}")
+        found[name] = sorted({line["OMP_NUM_THREADS"] for line in lines}, key=str)
+    return found
 
 
 def nvme_ready() -> tuple[bool, str]:

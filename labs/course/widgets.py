@@ -63,14 +63,22 @@ def memory_bar(ax=None, **values):
            xlim=(0, max(data["total_gib"], data["gpu_gib"]) * 1.15), ylim=(-0.6, 1.7),
            title=f"{s['preset']}, ZeRO-{s['stage']}, {s['gpus']} GPUs, offload {s['offload']}, {s['precision']}, "
                  f"{s['micro_batch']} x {s['seq_len']} tokens, checkpointing {s['checkpointing']}, loss {s['loss']}\n"
-                 f"{'FITS' if data['fits'] else 'DOES NOT FIT'}: {data['verdict'].split(': ', 1)[1][:110]}")
+                 f"{'FITS' if data['fits'] else 'DOES NOT FIT'}: peak {data['total_gib']:.1f} GiB of "
+                 f"{data['usable_gib']:.1f} GiB usable (the full verdict is printed below the chart)")
     ax.title.set_fontsize(8)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="GiB")
     return ax, data
 
 
+def checkpointing_options(preset: str) -> list[str]:
+    """Every setting labs accepts for the preset: none, each number of layers, full (so any advice can be set)."""
+    layers = models.shape(preset)["num_hidden_layers"]
+    return ["none"] + [str(k) for k in range(1, layers)] + ["full"]
+
+
 class Calculator:
-    """ipywidgets controls around `memory_bar`. `.data` holds what the bar currently shows."""
+    """ipywidgets controls around `memory_bar`. `.data` holds what the bar currently shows; `.first` what it showed
+    when it was built (the default setting), so a check against the plain call stays true while the reader plays."""
 
     def __init__(self, **values):
         import ipywidgets as w
@@ -85,11 +93,12 @@ class Calculator:
             micro_batch=w.Dropdown(options=[1, 2, 4, 8, 16], value=v["micro_batch"], description="micro-batch"),
             seq_len=w.Dropdown(options=[512, 1024, 2048, 4096, 8192, 16384, 32768], value=v["seq_len"],
                                description="seq len"),
-            checkpointing=w.Dropdown(options=["none", "full", "4", "8", "14", "16"], value=str(v["checkpointing"]),
+            checkpointing=w.Dropdown(options=checkpointing_options(v["preset"]), value=str(v["checkpointing"]),
                                      description="checkpoint"),
             loss=w.Dropdown(options=["hf", "chunked", "liger"], value=v["loss"], description="loss"),
             gpu=w.Dropdown(options=list(memory.GPUS), value=v["gpu"], description="GPU"))
         self.output = w.Output()
+        self.controls["preset"].observe(self._preset_changed, names="value")
         for control in self.controls.values():
             control.observe(lambda change: self.draw(), names="value")
         self.widget = w.VBox([w.HBox(list(self.controls.values())[:5]), w.HBox(list(self.controls.values())[5:]),
@@ -98,6 +107,14 @@ class Calculator:
             box.layout.flex_flow = "row wrap"
         self.data = None
         self.draw()
+        self.first = self.data
+
+    def _preset_changed(self, change):
+        """The checkpointing choices follow the preset's number of layers (keeping none / full as they were)."""
+        control = self.controls["checkpointing"]
+        value = control.value if control.value in ("none", "full") else "none"
+        control.options = checkpointing_options(change["new"])
+        control.value = value
 
     def values(self) -> dict:
         return {name: control.value for name, control in self.controls.items()}
@@ -110,6 +127,7 @@ class Calculator:
             ax, self.data = memory_bar(**self.values())
             display(ax.figure)
             plt.close(ax.figure)
+            print(self.data["verdict"])
 
     def _ipython_display_(self):
         from IPython.display import display
