@@ -12,6 +12,10 @@ from labs.course import exercises
     ("03.3", "optimizer", "none"),
     ("01.1", 16, 12),
     ("01.2", 28.6, 7e9 * 16 / 8 / 1e9),             # the seeds' "7B" is not Qwen2.5-7B
+    ("05.1", 0.766, 0.383),                          # 28 layers x 2 x 3584 bytes x 4096 tokens, not one byte each
+    ("05.2", 91.4, 106.6),                           # 12 bytes per parameter, not ZeRO-2's 14
+    ("05.3", 150, 0),
+    ("05.4", 23.0, 33.3),                            # early stop: not the textbook "one more forward"
 ])
 def test_checkers_accept_the_answer_and_reject_others(id, right, wrong, capsys):
     assert exercises.check(id, None) is False and "not answered yet" in capsys.readouterr().out

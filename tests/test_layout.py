@@ -12,7 +12,8 @@ LAYERS = [
               "labs.data", "labs.metrics", "labs.runfolder", "labs.supervisor"]),
     ("memory", ["labs.memory"]),
     # The launcher asks the memory model whether a run can fit before starting any rank: it sits above it.
-    ("run", ["labs.preflight", "labs.fsdp", "labs.train", "labs.launch"]),
+    ("run", ["labs.preflight", "labs.fsdp", "labs.checkpoint", "labs.train", "labs.resume", "labs.launch",
+             "labs.export"]),
     ("instruments", ["labs.instruments"]),
     ("bench", ["labs.bench"]),
     ("course", ["labs.course"]),
