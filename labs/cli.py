@@ -72,10 +72,11 @@ def _train_args(sub):
     p.add_argument("--gpu-memory", help="cap each rank's GPU memory, e.g. 80GiB or H100 (default: the whole GPU)")
     p.add_argument("--no-memory-check", dest="memory_check", action="store_false",
                    help="start even when labs.memory predicts far more memory than there is")
-    p.add_argument("--save-every", type=positive_int, help="write a checkpoint every N steps and at the last "
-                                                            "(default: none)")
-    p.add_argument("--resume", metavar="RUN_DIR", help="continue RUN_DIR from its newest complete checkpoint, with "
-                                                        "its own settings except the flags given (default: a new run)")
+    p.add_argument("--save-every", type=positive_int, metavar="N", help="write a checkpoint every N steps and at "
+                                                                         "the last (default: none)")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue RUN_DIR from its newest complete checkpoint (or the "
+                                                        "checkpoint folder named), with its settings except the flags "
+                                                        "given; --out defaults to RUN_DIR (default: a new run)")
     p.add_argument("--quiet", action="store_true", help="do not stream the ranks' output")
     return p
 

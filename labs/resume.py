@@ -188,6 +188,7 @@ def keep_interrupted(work: Path, out: Path, reason: str) -> str:
         step=step, steps_logged=logged, stopped=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         resume=f"labs train --resume {target}"), indent=1) + "\n")
     runfolder.publish(work, target)
-    return (f"run folder '{target}' keeps the checkpoint of step {step} (steps {step + 1}-{logged} are redone on "
-            f"resume): continue with `labs train --resume {target}`" if logged > step else
-            f"run folder '{target}' keeps the checkpoint of step {step}: continue with `labs train --resume {target}`")
+    redone = "" if logged <= step else f" (step {logged} is redone on resume)" if logged == step + 1 else \
+        f" (steps {step + 1}-{logged} are redone on resume)"
+    return f"run folder '{target}' keeps the checkpoint of step {step}{redone}: continue with " \
+           f"`labs train --resume {target}`"

@@ -101,3 +101,45 @@ def test_a_resumed_run_inherits_what_was_not_typed(tmp_path):
     assert spec["steps"] == 8 and spec["out"] == str(run) and spec["save_every"] == 4
     assert resolved["train_micro_batch_size_per_gpu"] == 4 and resolved["checkpoint"] == {"load_universal": True}
     assert spec["resume"]["universal"] and spec["resume"]["step"] == 4
+
+
+# ------------------------------------------------------------------------------------------ interrupted runs
+def _failed_work(tmp_path, with_checkpoint=True):
+    """A working folder as a failed run leaves it: metrics of 3 steps, a complete checkpoint of step 2 (or only
+    a save that was cut short)."""
+    work = tmp_path / ".run.partial-1"
+    name = checkpoint.tag(2) if with_checkpoint else f".{checkpoint.tag(2)}.partial"
+    (checkpoint.folder(work) / name).mkdir(parents=True)
+    (checkpoint.folder(work) / name / checkpoint.MANIFEST).write_text(json.dumps({"step": 2, "files": {}}))
+    (work / runfolder.MARKER).write_text("{}")
+    (work / "metrics.jsonl").write_text("".join(json.dumps({"step": s}) + "\n" for s in (1, 2, 3)))
+    return work
+
+
+def test_a_failed_run_with_a_checkpoint_is_kept_marked_interrupted(tmp_path):
+    from labs import resume
+
+    line = resume.keep_interrupted(_failed_work(tmp_path), tmp_path / "run", "rank 1 was killed by signal 9")
+    assert "keeps the checkpoint of step 2 (step 3 is redone on resume)" in line
+    kept = runfolder.Run(tmp_path / "run")
+    assert kept.interrupted["step"] == 2 and kept.interrupted["reason"] == "rank 1 was killed by signal 9"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+def test_an_interrupted_run_never_replaces_a_finished_one(tmp_path):
+    from labs import resume
+
+    finished = tmp_path / "run"
+    finished.mkdir()
+    (finished / runfolder.MARKER).write_text("{}")
+    (finished / "summary.json").write_text("{}")
+    line = resume.keep_interrupted(_failed_work(tmp_path), finished, "stopped by SIGTERM")
+    assert (finished / "summary.json").is_file() and "run.interrupted" in line
+    assert runfolder.Run(tmp_path / "run.interrupted").interrupted["step"] == 2
+
+
+def test_a_failed_run_without_a_complete_checkpoint_keeps_nothing(tmp_path):
+    from labs import resume
+
+    assert resume.keep_interrupted(_failed_work(tmp_path, with_checkpoint=False), tmp_path / "run", "x") == ""
+    assert not (tmp_path / "run").exists()
