@@ -14,17 +14,21 @@ EXAMPLES = """examples:
   labs train --preset qwen2.5-7b --config zero3_offload_optimizer.json --nproc 1 --out runs/offload
   labs train --data corpus.jsonl --seq-len 512 --micro-batch 4 --grad-accum 8 --lr 1e-4
   labs memory --preset qwen2.5-7b --stage 3 --gpus 2 --gpu-memory 80GiB
+  labs export runs/long models/long                   a Hugging Face folder (from_pretrained) of the last checkpoint
   labs bench --preset qwen2.5-7b --cases stock-zero3,labs-zero3 --out results/gpu/mine.json
   labs env
 """
 TRAIN_EXAMPLES = """examples:
   labs train                                   the tiny preset, zero3.json, 2 CPU ranks (all GPUs on a GPU host)
   labs train --config zero2.json --steps 100 --out runs/zero2
+  labs train --steps 100 --save-every 20 --out runs/long     then, after a crash: labs train --resume runs/long
+  labs train --resume runs/long --nproc 1                    the same run on 1 rank (universal checkpoint)
   labs train --preset qwen2.5-7b --model-path /models/Qwen2.5-7B --data chat.jsonl --seq-len 2048 --lr 1e-5
   labs train --preset qwen2.5-7b --gpu-memory H100 --activation-checkpointing 8 --loss liger --kernels liger
 
 --out: a new folder, or a run folder labs wrote earlier (replaced only when the new run succeeds). An existing
-file, or a folder labs did not write, is refused. Ctrl-C stops every rank and keeps nothing.
+file, or a folder labs did not write, is refused. Ctrl-C stops every rank; a run that saved a complete
+checkpoint is kept, marked interrupted, for --resume.
 """
 
 
@@ -69,7 +73,23 @@ def _train_args(sub):
     p.add_argument("--gpu-memory", help="cap each rank's GPU memory, e.g. 80GiB or H100 (default: the whole GPU)")
     p.add_argument("--no-memory-check", dest="memory_check", action="store_false",
                    help="start even when labs.memory predicts far more memory than there is")
+    p.add_argument("--save-every", type=positive_int, metavar="N", help="write a checkpoint every N steps and at "
+                                                                         "the last (default: none)")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue RUN_DIR from its newest complete checkpoint (or the "
+                                                        "checkpoint folder named), with its settings except the flags "
+                                                        "given; --out defaults to RUN_DIR (default: a new run)")
     p.add_argument("--quiet", action="store_true", help="do not stream the ranks' output")
+    return p
+
+
+def _export_args(sub):
+    p = sub.add_parser("export", help="write a run's checkpoint as a Hugging Face model folder",
+                       description="Consolidate a checkpoint's ZeRO partitions (zero_to_fp32) and write config.json, "
+                                   "safetensors and the tokenizer, for transformers' from_pretrained.")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run folder written with --save-every (or a checkpoint in it)")
+    p.add_argument("out_dir", metavar="OUT_DIR", help="the model folder to write (new, or an earlier export)")
+    p.add_argument("--dtype", default="bf16", help="bf16 | fp16 | fp32: the weights' dtype on disk (default: bf16, "
+                                                   "what the run computed with; fp32: the master weights)")
 
 
 def _bench_args(sub):
@@ -97,7 +117,8 @@ def main(argv=None) -> int:
     parser = _Parser(prog="labs", description="zero-course labs: train Qwen-architecture models with DeepSpeed ZeRO",
                      epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
-    _train_args(sub)
+    train_parser = _train_args(sub)
+    _export_args(sub)
     _bench_args(sub)
     p = sub.add_parser("env", help="versions, GPUs, which DeepSpeed ops build here, and fixes for what is wrong")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -105,6 +126,8 @@ def main(argv=None) -> int:
     memory_cli.add_parser(sub)
     try:
         args = parser.parse_args(argv)
+        if args.command == "train" and args.resume is not None:
+            args.typed = _typed(train_parser, sys.argv[1:] if argv is None else argv)
         return _dispatch(args)
     except LabsError as exc:
         print(f"labs: error: {exc}", file=sys.stderr)
@@ -112,23 +135,41 @@ def main(argv=None) -> int:
     except RankFailed as exc:
         print(f"labs: {exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("labs: interrupted: every process of the run was stopped; no run folder was kept", file=sys.stderr)
+    except KeyboardInterrupt as exc:
+        kept = getattr(exc, "kept", "") or "no run folder was kept"
+        print(f"labs: interrupted: every process of the run was stopped; {kept}", file=sys.stderr)
         return 130
     except RunStopped as exc:
-        print(f"labs: {exc}: every process of the run was stopped; no run folder was kept", file=sys.stderr)
+        kept = getattr(exc, "kept", "") or "no run folder was kept"
+        print(f"labs: {exc}: every process of the run was stopped; {kept}", file=sys.stderr)
         return 128 + exc.signum
+
+
+def _typed(train_parser, argv) -> set:
+    """The train options the user typed (a resumed run takes the others from the run it resumes, not from the
+    defaults): the same command line parsed again with every default suppressed."""
+    for action in train_parser._actions:
+        action.default = argparse.SUPPRESS
+    return set(vars(train_parser.parse_args(argv[argv.index("train") + 1:])))
 
 
 def _dispatch(args) -> int:
     if args.command == "train":
         from labs import launch
 
-        options = {k: v for k, v in vars(args).items() if k not in ("command", "quiet")}
+        typed = getattr(args, "typed", None)
+        options = {k: v for k, v in vars(args).items() if k not in ("command", "quiet", "typed")
+                   and (typed is None or k in typed)}
         run = launch.run(stream=not args.quiet, **options)
         s = run.summary
         print(f"done: {s['steps']} steps, loss {s['first_loss']:.3f} -> {s['final_loss']:.3f} (mean of last 5), "
               f"{s['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU ({s['timing']}), run folder {run.path}")
+        return 0
+    if args.command == "export":
+        from labs import export
+
+        folder = export.to_hf(args.run_dir, args.out_dir, dtype=args.dtype)
+        print(f"exported {folder.source} as {args.dtype} to {folder.path}: {folder.summary}")
         return 0
     if args.command == "bench":
         from labs import bench

@@ -22,27 +22,42 @@ import torch
 from labs import config as config_lib
 from labs import data, models, preflight, resolve, runfolder, supervisor
 from labs import env as env_lib
-from labs.errors import LabsError, RankFailed, check_choice
+from labs import resume as resume_lib
+from labs.errors import LabsError, RankFailed, RunStopped, check_choice
 from labs.memory.units import parse_bytes
 from labs.runfolder import Run
 
 ENGINES = resolve.ENGINES
 # What the rank loop can measure besides training (labs.instruments): the engine's tensors after the last backward,
-# the bytes every collective moves, ZeRO's working buffers, a checkpoint's format. Named here so bad names fail
-# before any rank starts.
-INSTRUMENTS = ("state_bytes", "comm", "zero_buffers", "state_dict")
+# the bytes every collective moves, ZeRO's working buffers, a checkpoint's format, the ready engine's logits. Named
+# here so bad names fail before any rank starts.
+INSTRUMENTS = ("state_bytes", "comm", "zero_buffers", "state_dict", "probe_logits")
 GPU_ONLY = {"loss": "liger", "kernels": "liger"}       # Liger's Triton kernels
 
 
-def prepare(preset="tiny", config=resolve.DEFAULT_CONFIG, steps=30, out="runs/demo", nproc=None, model_path=None,
-            seed=0, micro_batch=None, grad_accum=None, seq_len=None, lr=None, data_path=None, loss="hf",
-            activation_checkpointing="none", warmup_steps=2, engine=None, stock=False, kernels="stock",
-            precision=None, instruments=("state_bytes",), gpu_memory=None, memory_check=True, compile=False,
-            sdpa="default", fp8=False):
-    """Check every input before anything is written; return (spec, resolved DeepSpeed config).
-    `instruments` names what the rank loop measures besides training (INSTRUMENTS); `gpu_memory` caps each rank's
-    GPU memory (e.g. "80GiB" or "H100": an H200 then behaves as an 80 GB card). `engine` None: FSDP2 when the
-    config has an "fsdp" block, else DeepSpeed (labs.resolve.engine)."""
+def prepare(resume=None, **options):
+    """Check every input before anything is written; return (spec, resolved DeepSpeed config). `options` are
+    `inputs`' keyword arguments. With `resume` (a run folder, or one of its checkpoints) the run continues that
+    run from its newest complete checkpoint: what `options` leaves out comes from the run (labs.resume), and
+    another --nproc or ZeRO stage loads it through DeepSpeed's universal checkpoint."""
+    if resume is None:
+        return inputs(**options)
+    spec, resolved = inputs(**resume_lib.options(resume, options))
+    spec["resume"] = resume_lib.plan(resume, spec, resolved)
+    if spec["resume"]["universal"]:
+        resolved["checkpoint"] = {**resolved.get("checkpoint", {}), "load_universal": True}
+    return spec, resolved
+
+
+def inputs(preset="tiny", config=resolve.DEFAULT_CONFIG, steps=30, out="runs/demo", nproc=None, model_path=None,
+           seed=0, micro_batch=None, grad_accum=None, seq_len=None, lr=None, data_path=None, loss="hf",
+           activation_checkpointing="none", warmup_steps=2, engine=None, stock=False, kernels="stock",
+           precision=None, instruments=("state_bytes",), gpu_memory=None, memory_check=True, compile=False,
+           sdpa="default", fp8=False, save_every=None):
+    """The checks and the spec of a new run. `instruments` names what the rank loop measures besides training
+    (INSTRUMENTS); `gpu_memory` caps each rank's GPU memory (e.g. "80GiB" or "H100": an H200 then behaves as an
+    80 GB card); `engine` None: FSDP2 when the config has an "fsdp" block, else DeepSpeed (labs.resolve.engine);
+    `save_every` writes a checkpoint every that many steps and at the last (labs.checkpoint)."""
     models.check_preset(preset)
     check_choice("loss", loss, models.LOSSES)
     check_choice("kernels", kernels, models.KERNELS)
@@ -56,6 +71,8 @@ def prepare(preset="tiny", config=resolve.DEFAULT_CONFIG, steps=30, out="runs/de
             preflight.check_positive(flag, value)
     if lr is not None:
         preflight.check_positive("--lr", lr, kind=float)
+    if save_every is not None:
+        preflight.check_positive("--save-every", save_every)
     if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
         raise LabsError(f"--seed must be a non-negative integer, not {seed!r}")
     if not isinstance(warmup_steps, int) or warmup_steps < 0:
@@ -69,6 +86,8 @@ def prepare(preset="tiny", config=resolve.DEFAULT_CONFIG, steps=30, out="runs/de
     raw = config_lib.load(config)
     preflight.check_top_level_keys(raw, config_lib.find(config))
     engine = resolve.engine(raw, engine)
+    if save_every is not None and engine != "deepspeed":
+        raise LabsError("--save-every: labs checkpoints DeepSpeed runs; drop it or use a DeepSpeed config")
     if fp8 and (engine != "fsdp2" or not on_gpu):
         raise LabsError("fp8 (torchao float8 training) runs with --engine fsdp2 on a GPU with fp8 tensor cores")
     dims = models.shape(preset)
@@ -97,17 +116,19 @@ def prepare(preset="tiny", config=resolve.DEFAULT_CONFIG, steps=30, out="runs/de
                 activation_checkpointing=str(activation_checkpointing), warmup_steps=warmup_steps, engine=engine,
                 stock=stock, kernels=kernels, instruments=list(instruments), gpu_memory_bytes=gpu_memory_bytes,
                 compile=bool(compile), sdpa=sdpa, fp8=bool(fp8),
-                precision=config_lib.precision(resolved), out=str(Path(out)))
+                precision=config_lib.precision(resolved), out=str(Path(out)), save_every=save_every)
     return spec, resolved
 
 
-def run(out="runs/demo", stream=True, **kwargs) -> Run:
+def run(stream=True, **kwargs) -> Run:
     """Launch a training run (all keyword arguments of `prepare`) and wait for it. Raises LabsError for bad
     input (nothing written), RankFailed naming the rank that failed first, KeyboardInterrupt or RunStopped when
-    interrupted (every process of the run stopped, nothing kept)."""
-    spec, resolved = prepare(out=out, **kwargs)
+    interrupted (every process of the run stopped). A failed run keeps nothing, unless it saved a complete
+    checkpoint: then it is published marked interrupted, and the error says how to resume it."""
+    spec, resolved = prepare(**kwargs)
     spec["progress"] = "bar" if sys.stdout.isatty() else "lines"
-    with runfolder.claim(Path(out)) as work:
+    out = Path(spec["out"])
+    with runfolder.claim(out) as work:
         env, repairs = env_lib.repaired_environment(spec["nproc"], config_lib.offloads(resolved)["optimizer"] == "cpu")
         env = _with_labs_importable(env)
         command = launcher_command(spec["nproc"], work)
@@ -128,11 +149,20 @@ def run(out="runs/demo", stream=True, **kwargs) -> Run:
         if building:
             print(f"labs: this is the first run here that needs DeepSpeed's {', '.join(building)} op: it compiles "
                   f"now (about a minute each, once; cached in {env_lib.extensions_dir()})", flush=True)
+        if spec.get("resume"):
+            resume_lib.prepare_work(spec, work)
         oom_before = supervisor.oom_kills()
-        code = supervisor.run(command, env, work / "launch.log", echo=stream)
+        try:
+            code = supervisor.run(command, env, work / "launch.log", echo=stream)
+        except (KeyboardInterrupt, RunStopped) as stop:
+            stop.kept = resume_lib.keep_interrupted(work, out, str(stop) or "interrupted (Ctrl-C)")
+            raise
         if code != 0:
-            raise RankFailed(supervisor.failure_message(work, code, oom_before))
-        runfolder.publish(work, Path(out))
+            first, _, trace = supervisor.failure_message(work, code, oom_before).partition("\n")
+            kept = resume_lib.keep_interrupted(work, out, first)
+            raise RankFailed(f"{first}; {kept}\n{trace}".rstrip() if kept else f"{first}\n{trace}".rstrip())
+        resume_lib.finish(work)
+        runfolder.publish(work, out)
     return Run(out)
 
 

@@ -16,6 +16,10 @@ from labs.course import exercises
     ("08.2", 250, 1000),                            # accelerate divides by the processes
     ("08.3", 9_822_784, 9_822_784 // 2),            # ZeRO-2 keeps every parameter on every rank
     ("08.4", 2 ** -5, 2 ** -4),                     # half a bf16 step, not a whole one
+    ("05.1", 0.766, 0.383),                          # 28 layers x 2 x 3584 bytes x 4096 tokens, not one byte each
+    ("05.2", 91.4, 106.6),                           # 12 bytes per parameter, not ZeRO-2's 14
+    ("05.3", 150, 0),
+    ("05.4", 23.0, 33.3),                            # early stop: not the textbook "one more forward"
 ])
 def test_checkers_accept_the_answer_and_reject_others(id, right, wrong, capsys):
     assert exercises.check(id, None) is False and "not answered yet" in capsys.readouterr().out
