@@ -75,9 +75,10 @@ def time_breakdown(rows: list[dict], labels: list[str], ax=None, title="where a 
 
 
 def predicted_vs_measured(measured: list[float], predicted: list[float], labels: list[str], ax=None, band=0.10,
-                          unit="GiB", title="peak memory: labs.memory versus measured"):
+                          unit="GiB", title="peak memory: labs.memory versus measured", label_off=0.05):
     """Scatter of predicted against measured values, the diagonal and a +-band (log axes when the values span
-    more than a factor of 20, as CPU MiB and GPU GiB do)."""
+    more than a factor of 20, as CPU MiB and GPU GiB do). Only the points further than `label_off` from the
+    diagonal are named (the rest would pile up on one another); the legend says how many points there are."""
     ax = ax or plt.subplots(figsize=(5, 5))[1]
     low, high = min(measured + predicted), max(measured + predicted)
     log = high / max(low, 1e-9) > 20
@@ -85,14 +86,17 @@ def predicted_vs_measured(measured: list[float], predicted: list[float], labels:
     ax.fill_between([low, top], [low * (1 - band), top * (1 - band)], [low * (1 + band), top * (1 + band)],
                     color="#2a7", alpha=0.12, label=f"within {band:.0%}")
     ax.plot([low, top], [low, top], color="#888", lw=1)
-    ax.scatter(measured, predicted, color="#2a7", zorder=3)
-    for x, y, label in zip(measured, predicted, labels):
-        ax.annotate(label, (x, y), fontsize=7, xytext=(3, -8), textcoords="offset points")
+    ax.scatter(measured, predicted, color="#2a7", zorder=3, label=f"{len(measured)} cases")
+    named = sorted((abs(y / x - 1), x, y, label) for x, y, label in zip(measured, predicted, labels)
+                   if x and abs(y / x - 1) > label_off)
+    for i, (_, x, y, label) in enumerate(named):
+        ax.annotate(label, (x, y), fontsize=7, xytext=(6, -10 - 9 * (i % 3)), textcoords="offset points",
+                    arrowprops=dict(arrowstyle="-", color="#999", lw=0.5))
     ax.set(xlabel=f"measured ({unit})", ylabel=f"predicted ({unit})", title=title, xlim=(low, top), ylim=(low, top))
     if log:
         ax.set(xscale="log", yscale="log")
     ax.grid(alpha=0.3, which="both")
-    ax.legend(loc="upper left")
+    ax.legend(loc="upper left", fontsize=8, title=f"named: off by more than {label_off:.0%}", title_fontsize=7)
     return ax
 
 
