@@ -19,24 +19,46 @@ def loss_curves(runs: dict, ax=None, title="training loss"):
     return ax
 
 
-def loss_gaps(runs: dict, reference, ax=None, floor=1e-6, title="|loss - reference loss| per step"):
-    """runs: {label: run}; each run's absolute loss difference from `reference` (which may be one of the runs) at
-    every step, on a symmetric-log axis (linear below `floor`) so that exact zeros, a bit-identical run, stay on
-    the plot."""
+def loss_and_rate(run, ax=None, title="loss and the learning rate each step used"):
+    """One run's loss per step, and on a second axis the learning rate each step's update used; the steps whose loss
+    was computed on the initial weights (every earlier update had rate 0) are shaded."""
     ax = ax or plt.subplots(figsize=(6, 3.5))[1]
-    base = {r["step"]: r["loss"] for r in reference.metrics}
-    for label, run in runs.items():
-        if run is reference:      # keeps its colour slot, so that this plot and loss_curves(runs) share colours
-            ax.plot([], [])
-            continue
+    steps, rates = [r["step"] for r in run.metrics], [r["lr"] for r in run.metrics]
+    initial = [s for s, earlier in zip(steps, (rates[:i] for i in range(len(rates)))) if not any(earlier)]
+    ax.axvspan(min(steps) - 0.5, max(initial) + 0.5, color="#ddd", label="loss on the initial weights")
+    ax.plot(steps, [r["loss"] for r in run.metrics], marker=".", color="C0", label="loss")
+    ax.set(xlabel="optimizer step", ylabel="loss (nats per token)", title=title)
+    rate_ax = ax.twinx()
+    rate_ax.plot(steps, rates, marker="s", markersize=3, color="C3", alpha=0.7, label="learning rate used")
+    rate_ax.set_ylabel("learning rate")
+    rate_ax.set_ylim(bottom=0)
+    lines, labels = [a + b for a, b in zip(ax.get_legend_handles_labels(), rate_ax.get_legend_handles_labels())]
+    ax.legend(lines, labels, fontsize=8, loc="lower left")
+    ax.grid(alpha=0.3)
+    return ax
+
+
+def pair_gaps(pairs: dict, ax=None, floor=1e-6, tolerances=None,
+              title="|loss difference| per step, one lever at a time"):
+    """pairs: {label: (run, reference)}; the absolute loss difference at every common step, on a symmetric-log axis
+    (linear below `floor`) so that exact zeros, bit-identical runs, stay on the plot. tolerances: {label: one bound
+    per step}, drawn dashed in the pair's colour where it is above 0."""
+    ax = ax or plt.subplots(figsize=(6, 3.5))[1]
+    for i, (label, (run, reference)) in enumerate(pairs.items()):
+        base = {r["step"]: r["loss"] for r in reference.metrics}
         steps = [r["step"] for r in run.metrics if r["step"] in base]
-        ax.plot(steps, [abs(r["loss"] - base[r["step"]]) for r in run.metrics if r["step"] in base], marker=".",
-                label=label)
+        ax.plot(steps, [abs(r["loss"] - base[r["step"]]) for r in run.metrics if r["step"] in base],
+                marker="ox^sv"[i % 5], markersize=5 + 2 * (len(pairs) - i), alpha=0.8, color=f"C{i}", label=label)
+        bound = (tolerances or {}).get(label)
+        if bound:
+            above = [(step, b) for step, b in zip(steps, bound) if b > 0]
+            if above:
+                ax.plot(*zip(*above), ls="--", color=f"C{i}", alpha=0.8, label=f"tolerance: {label}")
     ax.set_yscale("symlog", linthresh=floor)
     ax.set_ylim(bottom=0)
     ax.set(xlabel="optimizer step", ylabel="|difference| (nats per token)", title=title)
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize=8)
     return ax
 
 
