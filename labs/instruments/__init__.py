@@ -10,14 +10,16 @@ the `labs.train.Instrument` hooks. Each one's findings land in summary.json unde
   after each ZeRO-3 fetch, so it costs time in the hot path: chapters 2 and 3 turn it on, benchmarks do not.
 - state_dict (checkpoints.py): a real checkpoint at the end of the run (FSDP2: DCP; DeepSpeed: its ZeRO files),
   described (files, tensor types, shapes, placements) and deleted. Chapter 7 turns it on.
+- rank_env (environment.py): the variables a launcher set for each rank (RANK, LOCAL_RANK, TORCHELASTIC_*, NCCL_*).
 """
 from labs.errors import check_choice
 from labs.instruments.buffers import ZeroBuffers
 from labs.instruments.checkpoints import StateDict
 from labs.instruments.comm import Comm
+from labs.instruments.environment import RankEnv
 from labs.instruments.state import StateBytes
 
-INSTRUMENTS = {cls.name: cls for cls in (StateBytes, Comm, ZeroBuffers, StateDict)}
+INSTRUMENTS = {cls.name: cls for cls in (StateBytes, Comm, ZeroBuffers, StateDict, RankEnv)}
 
 
 def build(names) -> list:
