@@ -140,7 +140,12 @@ def run(out="runs/demo", stream=True, **kwargs) -> Run:
             unmet = rendezvous.rendezvous_failure((work / "launch.log").read_text(errors="replace"))
             if unmet and kwargs.get("nodes") and not list(work.glob("rank*.err")):
                 raise LabsError(f"{unmet}; launcher exit code {code}, nothing kept")
-            raise RankFailed(supervisor.failure_message(work, code, oom_before))
+            message = supervisor.failure_message(work, code, oom_before)
+            if kwargs.get("nodes"):
+                first, newline, rest = message.partition("\n")
+                message = f"{first} (several nodes: a rank elsewhere may have failed first; see each node's output)" \
+                          f"{newline}{rest}"
+            raise RankFailed(message)
         runfolder.publish(work, out)
     return Run(out)
 

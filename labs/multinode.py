@@ -63,6 +63,11 @@ class Nodes:
         return {k: v for k, v in asdict(self).items() if v not in ("", None, {})}
 
 
+def global_rank(node_rank: int, local_rank: int, nproc_per_node: int) -> int:
+    """RANK of a process under torchrun's static rendezvous and DeepSpeed's launcher: nodes in order, then local."""
+    return node_rank * nproc_per_node + local_rank
+
+
 # ---------------------------------------------------------------------------------------------- the flags
 def parse_endpoint(text: str, flag: str = "--rdzv-endpoint") -> tuple[str, int]:
     """HOST[:PORT] (IPv6 in brackets) -> (host, port); the port defaults to 29500."""
@@ -102,18 +107,7 @@ def deepspeed_nodes(hostfile, include: str = "", exclude: str = "", master_addr:
     path = Path(hostfile)
     if not path.is_file():
         raise LabsError(f"--hostfile '{hostfile}' is not a file (one line per host: 'HOST slots=N')")
-    pool = parse_hostfile(path.read_text(), str(hostfile))
-    if include and exclude:
-        raise LabsError("--include and --exclude exclude each other (DeepSpeed's rule): give one")
-    from deepspeed.launcher.runner import parse_inclusion_exclusion
-
-    try:
-        hosts = parse_inclusion_exclusion(pool, include, exclude)
-    except (ValueError, KeyError) as exc:
-        flag = "--include" if include else "--exclude"
-        raise LabsError(f"{flag} '{include or exclude}': {exc} (hosts in {hostfile}: {', '.join(pool)})") from None
-    if not hosts:
-        raise LabsError(f"--exclude '{exclude}' leaves no host of {hostfile}")
+    hosts = hosts_in_use(path.read_text(), include, exclude, str(hostfile))
     slots = {len(s) for s in hosts.values()}
     if len(slots) > 1:
         raise LabsError(f"hosts use different numbers of slots ({', '.join(f'{h}: {len(s)}' for h, s in hosts.items())}"
@@ -131,6 +125,23 @@ def deepspeed_nodes(hostfile, include: str = "", exclude: str = "", master_addr:
     _check_whole("--master-port", master_port, 1)
     return Nodes("deepspeed", len(hosts), node_rank, master_addr or "127.0.0.1", master_port, rdzv_timeout,
                  str(path.resolve()), include, exclude, {h: list(s) for h, s in hosts.items()})
+
+
+def hosts_in_use(text: str, include: str = "", exclude: str = "", name: str = "hostfile") -> dict:
+    """{host: [slot, ...]} that DeepSpeed's runner would use for this hostfile text and --include/--exclude."""
+    pool = parse_hostfile(text, name)
+    if include and exclude:
+        raise LabsError("--include and --exclude exclude each other (DeepSpeed's rule): give one")
+    from deepspeed.launcher.runner import parse_inclusion_exclusion
+
+    try:
+        hosts = parse_inclusion_exclusion(pool, include, exclude)
+    except (ValueError, KeyError) as exc:
+        flag = "--include" if include else "--exclude"
+        raise LabsError(f"{flag} '{include or exclude}': {exc} (hosts in {name}: {', '.join(pool)})") from None
+    if not hosts:
+        raise LabsError(f"--exclude '{exclude}' leaves no host of {name}")
+    return {host: list(slots) for host, slots in hosts.items()}
 
 
 def parse_hostfile(text: str, name: str = "hostfile") -> dict:

@@ -2,7 +2,7 @@
 
     cluster = network.Cluster(gpus_per_node=8, nodes=4, intra_gbps=450, inter_gbps=400)
     network.collectives("ZeRO++ hpZ", params=7.6e9, cluster=cluster)     # what moves, over which group
-    network.step_time("ZeRO-3", 7.6e9, cluster, tokens_per_gpu=8192, tflops_per_gpu=400)
+    network.step_time("ZeRO-3", 7.6e9, cluster, compute_s=0.8)          # compute_s: the step without waiting
 
 The schemes (bf16 parameters; fp32 master weights and Adam states stay on each rank's shard):
 - ZeRO-3: every step all-gathers the parameters for forward and again for backward, and reduce-scatters the bf16
@@ -116,22 +116,19 @@ def counted(found: list[Collective]) -> dict:
     return kinds
 
 
-def step_time(scheme: str, params: float, cluster: Cluster, tokens_per_gpu: float, tflops_per_gpu: float,
+def step_time(scheme: str, params: float, cluster: Cluster, compute_s: float,
               regathered: float | None = None) -> dict:
-    """Communication and compute of one step per GPU, and the step time between perfect overlap (the longer of
-    the two) and none (their sum). Compute: 6 x params FLOPs per token (forward + backward, attention neglected)
-    at `tflops_per_gpu` achieved."""
+    """Communication of one step per GPU, and the step time between perfect overlap with the `compute_s` seconds
+    of computing (the longer of the two) and none (their sum)."""
     found = collectives(scheme, params, cluster, regathered)
     comm_s = sum(c.seconds(cluster) for c in found)
-    compute_s = 6 * params * tokens_per_gpu / (tflops_per_gpu * 1e12)
     return dict(scheme=scheme, nodes=cluster.nodes, gpus_per_node=cluster.gpus_per_node, comm_s=comm_s,
                 compute_s=compute_s, overlapped_s=max(comm_s, compute_s), serial_s=comm_s + compute_s,
-                node_out_bytes=sum(c.node_out_bytes for c in found), gpu_bytes=sum(c.gpu_bytes for c in found),
-                tokens_per_s_per_gpu=tokens_per_gpu / max(comm_s, compute_s))
+                node_out_bytes=sum(c.node_out_bytes for c in found), gpu_bytes=sum(c.gpu_bytes for c in found))
 
 
 def sweep(params: float, gpus_per_node: int, nodes: list[int], intra_gbps: float, inter_gbps: float,
-          tokens_per_gpu: float, tflops_per_gpu: float, schemes=SCHEMES) -> list[dict]:
+          compute_s: float, schemes=SCHEMES) -> list[dict]:
     """step_time for every scheme at every node count."""
-    return [step_time(s, params, Cluster(gpus_per_node, n, intra_gbps, inter_gbps), tokens_per_gpu, tflops_per_gpu)
+    return [step_time(s, params, Cluster(gpus_per_node, n, intra_gbps, inter_gbps), compute_s)
             for s in schemes for n in nodes]
