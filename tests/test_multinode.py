@@ -228,6 +228,17 @@ def test_counted_bytes_across_nodes_match_the_model(two_nodes):
         assert counted[kind]["bytes_across_nodes"] == counted[kind]["bytes"] == model[kind]["bytes_across_nodes"]
 
 
+def test_deepspeeds_launcher_without_ssh_trains_the_same(two_nodes, tmp_path):
+    from labs.course import multinode as emulation
+
+    _, single = two_nodes
+    nodes = emulation.emulate(tmp_path / "ds", nnodes=2, nproc_per_node=1, steps=3, launcher="deepspeed",
+                              instruments=("state_bytes", "rank_env"))
+    assert "--no_ssh" in (tmp_path / "ds" / "command.txt").read_text() and nodes.run.losses == single.losses
+    assert [(e["env"]["RANK"], e["env"]["CROSS_RANK"], e["env"]["LOCAL_SIZE"]) for e in nodes.run.summary["rank_env"]] \
+        == [("0", "0", "1"), ("1", "1", "1")]
+
+
 def test_sigint_on_one_node_stops_every_process_of_both(tmp_path):
     from labs.course import multinode as emulation
 

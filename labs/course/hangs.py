@@ -4,22 +4,25 @@
                                         # then rank 0's collective timeout fires
     hangs.probe("mismatch", debug="DETAIL")   # rank 1 calls broadcast instead: TORCH_DISTRIBUTED_DEBUG says so
 
-Each probe is `python -m torch.distributed.run --standalone --nproc-per-node 2 -m labs.course.hangs MODE T`; the
-ranks print what happened to them as one JSON line each.
+Each probe is `python -m torch.distributed.run --standalone --nproc-per-node 2 -m labs.course.hangs MODE T DIR`;
+each rank writes its pid, then what happened to it, into DIR.
 """
 from __future__ import annotations
 
 import datetime
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 from labs import ROOT
 
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # The settings worth knowing when ranks span nodes. (name, what it does, an example)
 SETTINGS = (
     ("NCCL_DEBUG", "NCCL's log: WARN (default off), INFO prints rings/trees, transports, interfaces chosen", "INFO"),
@@ -38,56 +41,58 @@ SETTINGS = (
     ("TORCH_DISTRIBUTED_DEBUG", "DETAIL: check that every rank calls the same collective with the same shapes",
      "DETAIL"),
     ("TORCH_CPP_LOG_LEVEL", "c10d's own log (rendezvous, store, process groups)", "INFO"),
-    ("DEEPSPEED_TIMEOUT", "DeepSpeed's collective timeout in minutes (init_distributed's default: 30)", "10"),
+    ("DEEPSPEED_TIMEOUT", "DeepSpeed's collective timeout, in minutes (deepspeed.constants.default_pg_timeout)",
+     "10"),
 )
 
 
 # ---------------------------------------------------------------------------------------------- host side
 def probe(mode: str, timeout_s: float = 3.0, debug: str | None = None) -> list[dict]:
-    """Run the 2-rank probe and return each rank's JSON report (sorted by rank)."""
-    env = _env(debug)
-    command = _command(mode, timeout_s)
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
-    reports = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
-    return sorted(reports, key=lambda r: r["rank"])
+    """Run the 2-rank probe and return each rank's report (sorted by rank)."""
+    with tempfile.TemporaryDirectory() as folder:
+        subprocess.run(_command(mode, timeout_s, folder), env=_env(debug), capture_output=True, timeout=120)
+        return _reports(folder)
 
 
 def stuck(timeout_s: float = 8.0, spy_after_s: float = 2.0) -> dict:
     """Rank 1 skips an all_reduce that rank 0 enters. While rank 0 waits, py-spy dumps both ranks' Python stacks
     (if py-spy is installed); then rank 0's collective timeout fires. Returns {"dumps": {rank: text} or
-    {"skipped": why}, "reports": [each rank's JSON report]}."""
+    {"skipped": why}, "reports": [each rank's report]}."""
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-    process = subprocess.Popen(_command("timeout", timeout_s), env=_env(None), stdout=subprocess.PIPE,
-                               stderr=subprocess.DEVNULL, text=True, start_new_session=True)
-    reports, dumps = [], {}
-    try:
-        for line in process.stdout:
-            report = json.loads(line) if line.startswith("{") else None
-            if report and "outcome" in report:
-                reports.append(report)
-            elif report:                                   # a rank is about to wait: note its pid
-                dumps[report["rank"]] = report["pid"]
-                if len(dumps) == 2:
-                    time.sleep(spy_after_s)
-                    dumps = _spy(spy, dumps)
-        process.wait(60)
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, 15)
-            process.wait(30)
-    return dict(dumps=dumps, reports=sorted(reports, key=lambda r: r["rank"]))
+    with tempfile.TemporaryDirectory() as folder:
+        process = subprocess.Popen(_command("timeout", timeout_s, folder), env=_env(None),
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        try:
+            pids = {}
+            deadline = time.monotonic() + 120
+            while len(pids) < 2 and time.monotonic() < deadline and process.poll() is None:
+                pids = {int(f.stem[4:]): int(f.read_text()) for f in Path(folder).glob("rank*.pid") if f.read_text()}
+                time.sleep(0.2)
+            time.sleep(spy_after_s)                      # both are now inside their waits
+            dumps = _spy(spy, pids)
+            process.wait(120)
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, 15)
+                process.wait(30)
+        return dict(dumps=dumps, reports=_reports(folder))
 
 
 def _spy(spy: str, pids: dict) -> dict:
     if not Path(spy).exists():
         return {"skipped": "py-spy is not installed here (pip install py-spy)"}
-    return {rank: subprocess.run([spy, "dump", "--pid", str(pid)], capture_output=True, text=True,
-                                 timeout=60).stdout for rank, pid in sorted(pids.items())}
+    dumps = {rank: subprocess.run([spy, "dump", "--pid", str(pid)], capture_output=True, text=True,
+                                  timeout=60).stdout for rank, pid in sorted(pids.items())}
+    return {rank: ANSI.sub("", text) for rank, text in dumps.items()}    # py-spy colours even into a pipe
 
 
-def _command(mode, timeout_s):
+def _reports(folder) -> list[dict]:
+    return [json.loads(f.read_text()) for f in sorted(Path(folder).glob("rank*.json"))]
+
+
+def _command(mode, timeout_s, folder):
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m",
-            "labs.course.hangs", mode, str(timeout_s)]
+            "labs.course.hangs", mode, str(timeout_s), str(folder)]
 
 
 def _env(debug):
@@ -103,7 +108,7 @@ def _skips_the_collective(seconds):
     time.sleep(seconds)                 # the rank that went elsewhere (a data loader stuck, a branch not taken)
 
 
-def _rank_main(mode: str, timeout_s: float):
+def _rank_main(mode: str, timeout_s: float, folder: Path):
     import torch
     import torch.distributed as dist
 
@@ -111,8 +116,7 @@ def _rank_main(mode: str, timeout_s: float):
     rank = dist.get_rank()
     report = dict(rank=rank, pid=os.getpid(), mode=mode, timeout_s=timeout_s)
     x = torch.ones(4)
-    if mode == "timeout":
-        print(json.dumps(report), flush=True)          # the host may now look at this process
+    (folder / f"rank{rank}.pid").write_text(str(os.getpid()))     # the host may now look at this process
     start = time.perf_counter()
     try:
         if rank == 1 and mode == "timeout":
@@ -129,9 +133,9 @@ def _rank_main(mode: str, timeout_s: float):
     except Exception as exc:    # noqa: BLE001 (the lesson is the exception)
         report.update(outcome=type(exc).__name__, error=str(exc).strip().splitlines()[0][:300])
     report["seconds"] = round(time.perf_counter() - start, 1)
-    print(json.dumps(report), flush=True)
+    (folder / f"rank{rank}.json").write_text(json.dumps(report))
     os._exit(0)             # the group is broken by design: leave without its teardown
 
 
 if __name__ == "__main__":
-    _rank_main(sys.argv[1], float(sys.argv[2]))
+    _rank_main(sys.argv[1], float(sys.argv[2]), Path(sys.argv[3]))
