@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from labs import resolve
+from labs import multinode, resolve
 from labs.errors import LabsError, RankFailed, RunStopped, positive_float, positive_int
 
 EXAMPLES = """examples:
@@ -82,13 +82,15 @@ def _train_args(sub):
     n.add_argument("--nnodes", type=positive_int, help="nodes taking part; each runs this command (default: 1)")
     n.add_argument("--node-rank", type=int, help="this node's rank, 0..nnodes-1 (0 on the rendezvous host)")
     n.add_argument("--rdzv-endpoint", help="HOST:PORT of node 0, reachable from every node (torchrun)")
-    n.add_argument("--rdzv-timeout", type=positive_int, default=60,
-                   help="seconds a node waits for the others before giving up (default: 60)")
+    n.add_argument("--rdzv-timeout", type=positive_int, default=multinode.DEFAULT_RDZV_TIMEOUT_S,
+                   help="seconds a node waits for the others before giving up (default: "
+                        f"{multinode.DEFAULT_RDZV_TIMEOUT_S})")
     n.add_argument("--hostfile", help="DeepSpeed hostfile, one 'HOST slots=N' per line: run DeepSpeed's launcher")
     n.add_argument("--include", default="", help="DeepSpeed's NODE[:SLOT,...][@NODE...]: only these")
     n.add_argument("--exclude", default="", help="DeepSpeed's NODE[:SLOT,...][@NODE...]: all but these")
     n.add_argument("--master-addr", help="address of the hostfile's first host, where rank 0 runs (DeepSpeed)")
-    n.add_argument("--master-port", type=positive_int, default=29500, help="(DeepSpeed, Slurm; default: 29500)")
+    n.add_argument("--master-port", type=positive_int, default=multinode.DEFAULT_PORT,
+                   help=f"(DeepSpeed, Slurm; default: {multinode.DEFAULT_PORT})")
     n.add_argument("--slurm", metavar="FILE", help="write a Slurm batch script that runs this command on --nnodes "
                                                    "nodes of --nproc GPUs, then exit (nothing is trained here)")
 
@@ -144,8 +146,6 @@ def main(argv=None) -> int:
 
 def _dispatch(args, argv) -> int:
     if args.command == "train":
-        from labs import multinode
-
         if args.slurm:
             return _write_slurm(args, argv)
         nodes = multinode.from_flags(**{k: getattr(args, k) for k in multinode.FLAGS})
@@ -197,8 +197,6 @@ def _dispatch(args, argv) -> int:
 
 def _write_slurm(args, argv) -> int:
     from pathlib import Path
-
-    from labs import multinode
 
     if not args.nnodes or not args.nproc:
         raise LabsError("--slurm needs --nnodes (nodes to ask for) and --nproc (GPUs per node)")

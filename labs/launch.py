@@ -96,8 +96,9 @@ def prepare(preset="tiny", config=resolve.DEFAULT_CONFIG, steps=30, out="runs/de
     gpu_memory_bytes = parse_bytes(gpu_memory) if gpu_memory is not None else None
     if memory_check:
         preflight.check_hardware(nproc, on_gpu, seq_len, dims, dict(
-            dims=dims, gpus_per_node=nproc, nodes=nodes.nnodes if nodes else 1, seq_len=seq_len, loss=loss, kernels=kernels, engine=engine,
-            activation_checkpointing=activation_checkpointing, ds_config=resolved), gpu_memory_bytes)
+            dims=dims, gpus_per_node=nproc, nodes=nodes.nnodes if nodes else 1, seq_len=seq_len, loss=loss,
+            kernels=kernels, engine=engine, activation_checkpointing=activation_checkpointing, ds_config=resolved),
+            gpu_memory_bytes)
     if data_path is not None:
         data_path = str(Path(data_path).resolve())
     data.check_enough_tokens(data_path, world_size * resolved["train_micro_batch_size_per_gpu"], seq_len)

@@ -31,20 +31,26 @@ def check_endpoint(nodes: Nodes) -> None:
 
 
 def _check_can_listen(nodes: Nodes, addresses: set) -> None:
-    for address in addresses:
-        family = socket.AF_INET6 if ":" in address else socket.AF_INET
-        with socket.socket(family, socket.SOCK_STREAM) as probe:
-            try:
-                probe.bind((address, 0))
-            except OSError:
-                raise LabsError(f"--node-rank 0 runs where the rendezvous is, but {nodes.host} ({address}) is not "
-                                "this host: run node 0 on it, or name this host in --rdzv-endpoint") from None
+    """One of the endpoint's addresses is this host's (a name may also resolve to addresses elsewhere, e.g. IPv6),
+    and its port is free."""
+    if not any(_bindable(address) for address in addresses):
+        raise LabsError(f"--node-rank 0 runs where the rendezvous is, but {nodes.host} ({', '.join(sorted(addresses))})"
+                        " is not this host: run node 0 on it, or name this host in --rdzv-endpoint")
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         try:
             probe.bind(("", nodes.port))
         except OSError:
             raise LabsError(f"--rdzv-endpoint {nodes.endpoint}: port {nodes.port} is in use on this host; choose "
                             "another port (the same on every node)") from None
+
+
+def _bindable(address: str) -> bool:
+    with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((address, 0))
+            return True
+        except OSError:
+            return False
 
 
 def wait_for_endpoint(host: str, port: int, timeout_s: float, poll_s: float = 0.5) -> float:

@@ -144,6 +144,17 @@ def test_wait_for_endpoint_answers_or_times_out():
     assert time.monotonic() - start < 5
 
 
+def test_node_zero_must_hold_the_endpoint_with_a_free_port():
+    with pytest.raises(LabsError, match="192.0.2.1 .192.0.2.1. is not this host"):
+        rendezvous.check_endpoint(multinode.torchrun_nodes(2, 0, "192.0.2.1:29500"))    # TEST-NET: nobody's
+    with socket.socket() as taken:
+        taken.bind(("", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(LabsError, match=f"port {port} is in use on this host"):
+            rendezvous.check_endpoint(multinode.torchrun_nodes(2, 0, f"127.0.0.1:{port}"))
+
+
 def test_a_missing_node_is_named_from_the_launcher_log():
     log = "torch.distributed.DistStoreError: Timed out after 6 seconds waiting for clients. 1/2 clients joined."
     assert rendezvous.rendezvous_failure(log).startswith("only 1 of 2 nodes came to the rendezvous")
