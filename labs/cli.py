@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from labs import resolve
+from labs import multinode, resolve
 from labs.errors import LabsError, RankFailed, RunStopped, positive_float, positive_int
 
 EXAMPLES = """examples:
@@ -25,6 +25,11 @@ TRAIN_EXAMPLES = """examples:
   labs train --resume runs/long --nproc 1                    the same run on 1 rank (universal checkpoint)
   labs train --preset qwen2.5-7b --model-path /models/Qwen2.5-7B --data chat.jsonl --seq-len 2048 --lr 1e-5
   labs train --preset qwen2.5-7b --gpu-memory H100 --activation-checkpointing 8 --loss liger --kernels liger
+  labs train --nnodes 2 --node-rank 0 --rdzv-endpoint node0:29500 --nproc 8 ...   on node0; --node-rank 1 on node1
+  labs train --hostfile hostfile --master-addr 10.0.0.1 --include "node0@node1"    DeepSpeed's launcher (pdsh)
+  labs train --slurm job.sbatch --nnodes 4 --nproc 8 --preset qwen2.5-7b ...       writes a Slurm batch script
+
+Several nodes: node 0 writes --out, node K writes --out.nodeK (its log, inputs, its ranks' errors).
 
 --out: a new folder, or a run folder labs wrote earlier (replaced only when the new run succeeds). An existing
 file, or a folder labs did not write, is refused. Ctrl-C stops every rank; a run that saved a complete
@@ -78,7 +83,26 @@ def _train_args(sub):
     p.add_argument("--resume", metavar="RUN_DIR", help="continue RUN_DIR from its newest complete checkpoint (or the "
                                                         "checkpoint folder named), with its settings except the flags "
                                                         "given; --out defaults to RUN_DIR (default: a new run)")
+    p.add_argument("--instruments", type=lambda text: tuple(n for n in text.split(",") if n),
+                   default=("state_bytes",), help="comma-separated measurements besides training: state_bytes, "
+                                                  "comm, zero_buffers, state_dict, probe_logits, rank_env "
+                                                  "(default: state_bytes)")
     p.add_argument("--quiet", action="store_true", help="do not stream the ranks' output")
+    n = p.add_argument_group("several nodes (torchrun: --nnodes ...; DeepSpeed's launcher: --hostfile ...)")
+    n.add_argument("--nnodes", type=positive_int, help="nodes taking part; each runs this command (default: 1)")
+    n.add_argument("--node-rank", type=int, help="this node's rank, 0..nnodes-1 (0 on the rendezvous host)")
+    n.add_argument("--rdzv-endpoint", help="HOST:PORT of node 0, reachable from every node (torchrun)")
+    n.add_argument("--rdzv-timeout", type=positive_int, default=multinode.DEFAULT_RDZV_TIMEOUT_S,
+                   help="seconds a node waits for the others before giving up (default: "
+                        f"{multinode.DEFAULT_RDZV_TIMEOUT_S})")
+    n.add_argument("--hostfile", help="DeepSpeed hostfile, one 'HOST slots=N' per line: run DeepSpeed's launcher")
+    n.add_argument("--include", default="", help="DeepSpeed's NODE[:SLOT,...][@NODE...]: only these")
+    n.add_argument("--exclude", default="", help="DeepSpeed's NODE[:SLOT,...][@NODE...]: all but these")
+    n.add_argument("--master-addr", help="address of the hostfile's first host, where rank 0 runs (DeepSpeed)")
+    n.add_argument("--master-port", type=positive_int, default=multinode.DEFAULT_PORT,
+                   help=f"(DeepSpeed, Slurm; default: {multinode.DEFAULT_PORT})")
+    n.add_argument("--slurm", metavar="FILE", help="write a Slurm batch script that runs this command on --nnodes "
+                                                   "nodes of --nproc GPUs, then exit (nothing is trained here)")
     return p
 
 
@@ -125,10 +149,11 @@ def main(argv=None) -> int:
     from labs.memory import cli as memory_cli
     memory_cli.add_parser(sub)
     try:
+        argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
         args = parser.parse_args(argv)
         if args.command == "train" and args.resume is not None:
-            args.typed = _typed(train_parser, sys.argv[1:] if argv is None else argv)
-        return _dispatch(args)
+            args.typed = _typed(train_parser, argv)
+        return _dispatch(args, argv)
     except LabsError as exc:
         print(f"labs: error: {exc}", file=sys.stderr)
         return 2
@@ -153,14 +178,22 @@ def _typed(train_parser, argv) -> set:
     return set(vars(train_parser.parse_args(argv[argv.index("train") + 1:])))
 
 
-def _dispatch(args) -> int:
+def _dispatch(args, argv) -> int:
     if args.command == "train":
+        if args.slurm:
+            return _write_slurm(args, argv)
+        nodes = multinode.from_flags(**{k: getattr(args, k) for k in multinode.FLAGS})
         from labs import launch
 
         typed = getattr(args, "typed", None)
-        options = {k: v for k, v in vars(args).items() if k not in ("command", "quiet", "typed")
+        options = {k: v for k, v in vars(args).items() if k not in ("command", "quiet", "typed", "slurm",
+                                                                     *multinode.FLAGS)
                    and (typed is None or k in typed)}
-        run = launch.run(stream=not args.quiet, **options)
+        run = launch.run(stream=not args.quiet, nodes=nodes, **options)
+        if not (run.path / "summary.json").exists():     # a node > 0: global rank 0 wrote node 0's folder
+            print(f"done: node {nodes.node_rank}'s ranks finished; metrics and summary are in node 0's --out; "
+                  f"this node's log and inputs: {run.path}")
+            return 0
         s = run.summary
         print(f"done: {s['steps']} steps, loss {s['first_loss']:.3f} -> {s['final_loss']:.3f} (mean of last 5), "
               f"{s['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU ({s['timing']}), run folder {run.path}")
@@ -203,6 +236,18 @@ def _dispatch(args) -> int:
 
         return memory_cli.run(args)
     raise LabsError(f"unknown command {args.command}")
+
+
+def _write_slurm(args, argv) -> int:
+    from pathlib import Path
+
+    if not args.nnodes or not args.nproc:
+        raise LabsError("--slurm needs --nnodes (nodes to ask for) and --nproc (GPUs per node)")
+    script = multinode.slurm_script(args.nnodes, args.nproc, multinode.slurm_train_args(argv[1:]),
+                                    port=args.master_port, workdir=str(Path.cwd()))
+    Path(args.slurm).write_text(script)
+    print(f"wrote {args.slurm}: submit it with `sbatch {args.slurm}`")
+    return 0
 
 
 if __name__ == "__main__":
