@@ -10,6 +10,8 @@ A composed case is `SIDE-ENGINE[-OPTION...]`:
     SIDE    stock | labs
     ENGINE  zero1 | zero2 | zero3 | fsdp2
     OPTION  ckfull | cknone | ckK (checkpoint the first K layers), mbN (micro-batch), gaN (accumulation steps),
+            offload (optimizer to the CPU: DeepSpeed's CPU Adam), zenflow (ZeRO-2 offload with ZenFlow's overlapped,
+            top-k selective CPU step), superoffload (ZeRO-3 offload with SuperOffload), gpusN (ranks),
             compile (torch.compile of each decoder layer), sdpa-cudnn | sdpa-flash (attention backend),
             fp8 (torchao float8 training of the decoder layers' matmuls; FSDP2 only; a different numeric recipe)
 e.g. `stock-zero3-ckfull-mb8`, `labs-fsdp2-ck14-mb4-ga2`. One option changes one lever, so a case differs from its
@@ -79,12 +81,17 @@ PAIRS = [("labs-zero3", "stock-zero3"), ("labs-zero3-mb3", "stock-zero3"), ("lab
 SIDES = {
     "stock": dict(stock=True, fast=False, checkpointing="full",
                   configs={"zero2": "bench/stock_zero2.json", "zero3": "bench/stock_zero3.json",
-                           "fsdp2": "bench/stock_zero3.json"}),
+                           "fsdp2": "bench/stock_zero3.json"},
+                  offload={"zero2": "bench/stock_zero2_offload.json", "zero3": "bench/stock_zero3_offload.json"}),
     "labs": dict(stock=False, fast=True, checkpointing="none",
                  configs={"zero1": "bench/labs_zero1.json", "zero2": "bench/labs_zero2.json",
-                          "zero3": "bench/labs_zero3.json", "fsdp2": "bench/labs_zero3.json"}),
+                          "zero3": "bench/labs_zero3.json", "fsdp2": "bench/labs_zero3.json"},
+                 offload={"zero2": "bench/labs_zero2_offload.json", "zero3": "bench/labs_zero3_offload.json"},
+                 zenflow={"zero2": "bench/labs_zero2_offload_zenflow.json"},
+                 superoffload={"zero3": "bench/labs_zero3_offload_super.json"}),
 }
-_OPTION = re.compile(r"ck(full|none|\d+)|mb(\d+)|ga(\d+)|compile|fp8|sdpa-(cudnn|flash|efficient)")
+_OPTION = re.compile(r"ck(full|none|\d+)|mb(\d+)|ga(\d+)|gpus(\d+)|compile|fp8|offload|zenflow|superoffload"
+                     r"|sdpa-(cudnn|flash|efficient)")
 
 
 def compose(name: str) -> tuple[str, dict]:
@@ -101,18 +108,25 @@ def compose(name: str) -> tuple[str, dict]:
     for option in _join_sdpa(options):
         match = _OPTION.fullmatch(option)
         if not match:
-            raise LabsError(f"bench case '{name}': unknown option '{option}' (ckfull, cknone, ckK, mbN, gaN, compile, "
-                            "fp8, sdpa-cudnn, sdpa-flash)")
+            raise LabsError(f"bench case '{name}': unknown option '{option}' (ckfull, cknone, ckK, mbN, gaN, gpusN, "
+                            "compile, fp8, offload, zenflow, superoffload, sdpa-cudnn, sdpa-flash)")
         if match.group(1):
             launch["activation_checkpointing"] = match.group(1)
         elif match.group(2):
             launch["micro_batch"] = int(match.group(2))
         elif match.group(3):
             launch["grad_accum"] = int(match.group(3))
+        elif match.group(4):
+            launch["nproc"] = int(match.group(4))
         elif option in ("compile", "fp8"):
             launch[option] = True
+        elif option in ("offload", "zenflow", "superoffload"):
+            if engine not in spec.get(option, {}):
+                raise LabsError(f"bench case '{name}': {option} is defined for {side} with "
+                                f"{', '.join(spec.get(option, {})) or 'no engine'}")
+            launch["config"] = spec[option][engine]
         else:
-            launch["sdpa"] = match.group(4)
+            launch["sdpa"] = match.group(5)
         words.append(option)
     return f"{side} {engine}" + (f" ({', '.join(words)})" if words else ""), launch
 
