@@ -123,7 +123,7 @@ def test_slurm_script_runs_labs_once_per_node(tmp_path):
     for tool in ("scontrol", "srun"):
         (bin_dir / tool).chmod(0o755)
     env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", SLURM_JOB_NODELIST="gpu-[a-c]",
-               SLURM_JOB_NUM_NODES="3")
+               SLURM_JOB_NUM_NODES="3", SLURM_CPUS_ON_NODE="96")
     result = subprocess.run(["bash", str(tmp_path / "job.sbatch")], env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     lines = [line for line in result.stdout.splitlines() if " -m labs train " in line]
@@ -195,6 +195,13 @@ def test_network_model_collectives():
     assert zpp["node_out_bytes"] == pytest.approx(1000 * 31 / 32 + 500 * 3 / 4)
     hsdp = network.collectives("FSDP2 hybrid", 1000, cluster)[-1]
     assert (hsdp.kind, hsdp.group, hsdp.node_out_bytes) == ("all_reduce", 4, pytest.approx(8 * 2 * 500 * 3 / 4))
+    # Reduced in bf16, FSDP2 hybrid sends half; in fp32 it sends less than ZeRO-3 on 2 nodes, more on 4.
+    bf16 = network.collectives("FSDP2 hybrid", 1000, cluster, reduce_bytes=network.BF16)[-1]
+    assert bf16.node_out_bytes == pytest.approx(hsdp.node_out_bytes / 2) and "bf16" in bf16.what
+
+    def out(scheme, nodes):
+        return network.step_time(scheme, 1000, network.Cluster(8, nodes, 450, 400), 1)["node_out_bytes"]
+    assert out("FSDP2 hybrid", 2) < out("ZeRO-3", 2) and out("FSDP2 hybrid", 4) > out("ZeRO-3", 4)
     one_node = network.collectives("ZeRO-3", 1000, network.Cluster(8, 1, 450, 400))
     assert not any(c.across_nodes for c in one_node)
     assert z3["overlapped_s"] == max(z3["comm_s"], 1) and z3["serial_s"] == z3["comm_s"] + 1

@@ -44,15 +44,13 @@ def fsdp2_against_zero3(nodes=(2, 4, 8, 32), gpus_per_node=None, preset=None) ->
     """GB leaving each node per step: ZeRO-3 against FSDP2 hybrid with its gradients reduced in fp32 (labs'
     setting) and in bf16, at each node count."""
     v = _values(None, None, gpus_per_node, nodes, preset)
-    rows = []
-    for n in v["nodes"]:
-        cluster = network.Cluster(v["gpus_per_node"], n, v["intra_gbps"], v["inter_gbps"])
 
-        def out_gb(scheme, reduce_bytes=network.FP32):
-            return network.step_time(scheme, v["params"], cluster, 0, reduce_bytes=reduce_bytes)["node_out_bytes"] / 1e9
-        rows.append(dict(nodes=n, zero3=out_gb("ZeRO-3"), fsdp2_fp32=out_gb("FSDP2 hybrid"),
-                         fsdp2_bf16=out_gb("FSDP2 hybrid", network.BF16)))
-    return rows
+    def out_gb(scheme, n, reduce_bytes=network.FP32):
+        cluster = network.Cluster(v["gpus_per_node"], n, v["intra_gbps"], v["inter_gbps"])
+        return network.step_time(scheme, v["params"], cluster, 0, reduce_bytes=reduce_bytes)["node_out_bytes"] / 1e9
+
+    return [dict(nodes=n, zero3=out_gb("ZeRO-3", n), fsdp2_fp32=out_gb("FSDP2 hybrid", n),
+                 fsdp2_bf16=out_gb("FSDP2 hybrid", n, network.BF16)) for n in v["nodes"]]
 
 
 def sweep_plot(inter_gbps=None, intra_gbps=None, gpus_per_node=None, nodes=None, preset=None, ax=None):
