@@ -37,24 +37,24 @@ def _ranks_after_exclude():
 
 @exercise("06.3", f"Qwen2.5-7B, ZeRO-3, {NODES} nodes x {GPUS_PER_NODE} GPUs: how many GB does each node send to "
           "the other nodes per step (one micro-batch)?", "GB", rel=0.01,
-          hint=f"three collectives over all 12 ranks, each with the bf16 model ({2 * QWEN25_PARAMS / 1e9:.2f} GB) "
-               "as payload; a ring "
-               "spanning nodes sends (N-1)/N of it out of each node, whatever the GPUs per node")
+          hint=f"three collectives over all {NODES * GPUS_PER_NODE} ranks, each with the bf16 model "
+               f"({2 * QWEN25_PARAMS / 1e9:.2f} GB) as payload; a ring spanning nodes sends (N-1)/N of it out of "
+               "each node, whatever the GPUs per node")
 def _zero3_node_out():
     return _node_out_gb("ZeRO-3")
 
 
 @exercise("06.4", "Same cluster: by what factor does ZeRO++ with hpZ, qwZ and qgZ cut those bytes?", "x",
           rel=0.01, hint="hpZ keeps the backward all-gather in the node, qwZ sends the forward one as int8 over all "
-                         "12 ranks, qgZ sends int4 gradients across the 3 nodes (each node's G groups together "
-                         "carry the whole int4 gradient once, (n-1)/n of it leaving)")
+                         f"{NODES * GPUS_PER_NODE} ranks, qgZ sends int4 gradients across the {NODES} nodes (each "
+                         "node's G groups together carry the whole int4 gradient once, (n-1)/n of it leaving)")
 def _zeropp_factor():
     return _node_out_gb("ZeRO-3") / _node_out_gb("ZeRO++ hpZ+qwZ+qgZ")
 
 
 @exercise("06.5", f"FSDP2 hybrid sharding (shard in the node, replicate across the {NODES} nodes, fp32 gradient "
           "reduction, labs' setting), same cluster: GB each node sends to the other nodes per step?", "GB",
-          rel=0.01, hint="only the all-reduce of the fp32 gradient shards leaves the node: 4 groups of 3 ranks (one "
-                         "per node), each all-reducing 1/4 of the gradients; an all-reduce sends twice (n-1)/n")
+          rel=0.01, hint="only the all-reduce of the fp32 gradient shards leaves the node: G groups of one rank per "
+                         "node, each all-reducing 1/G of the gradients; an all-reduce sends twice (n-1)/n")
 def _hsdp_node_out():
     return _node_out_gb("FSDP2 hybrid")
