@@ -1,14 +1,14 @@
 """The book's "from the sources" page: every checkable claim of the two tutorials the course takes its topics from,
-graded, each with the number that decides it and the chapter section whose cell computes that number.
+graded, each with the number that decides it and a link to the chapter section whose cell computes that number.
 
-A claim's numbers come from one of two places, never from typed text:
-- `Read`: a number a chapter's committed outputs print, found by a pattern in the outputs of the cells under one
-  section heading (so the link to that section is where the reader sees the number computed);
-- `Computed`: a function of `labs.course.source_checks`, run when the book is built.
-A claim the course cannot grade yet says what would decide it (`Pending`).
+The numbers are never typed here. A claim names where they are printed (`Read`): a regex whose groups are the
+numbers, matched against the stored outputs of the cells under one section heading of a chapter. The link goes to
+that heading, so a reader who follows it lands on the cell that computed the number. `See` links a section
+without reading a number from it (for claims that no number decides, or that nothing here can check).
 
-    from labs.course import sources, qwen_guide_claims
-    sources.rows(qwen_guide_claims.CLAIMS)        # one dict per claim: claim, verdict, number, where
+    from labs.course import sources, source_claims
+    sources.rows(source_claims.CLAIMS["000"])     # one dict per claim: id, claim, verdict, why, number, where
+    sources.markdown(source_claims.CLAIMS["000"]) # the same as MyST, for the page
 """
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ import json
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Callable
 
 from myst_parser.mdit_to_docutils.base import default_slugify
 
@@ -25,53 +24,44 @@ from labs.table import Table
 
 NOTEBOOKS = ROOT / "notebooks"
 PAGE_DIR = "notebooks"            # the chapters as the book's page (book/from_the_sources.md) reaches them
-VERDICTS = ("true", "partly", "false", "not checkable here", "not yet graded")
+VERDICTS = ("true", "partly", "false", "not checkable here")
 TUTORIALS = {"000": "the Qwen-7B guide", "001": "the DeepSpeed chapter"}
 HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
-ANCHOR_LEVELS = 3                 # myst_heading_anchors in book/_config.yml
+ANCHOR_LEVELS = 3                 # myst_heading_anchors in book/_config.yml: deeper headings get no anchor
 
 
-# ---------------------------------------------------------------------------------------------- where numbers come from
 @dataclass(frozen=True)
-class Read:
-    """Numbers a chapter prints: the first match of `pattern` (a regex whose groups are the numbers, in order of
-    `names`) in the outputs of the cells under `heading` of notebooks/`chapter`.ipynb."""
+class See:
+    """A chapter section that treats the claim: notebooks/`chapter`.ipynb, under `heading` (as written there)."""
     chapter: str
     heading: str
-    pattern: str
-    names: tuple[str, ...]
 
 
 @dataclass(frozen=True)
-class Computed:
-    """Numbers computed when the page is built: `function()` returns a dict; `names` are the keys used. `see` is an
-    optional (chapter, heading) where a chapter treats the topic."""
-    function: Callable[[], dict]
-    names: tuple[str, ...]
-    see: tuple[str, str] | None = None
-
-
-@dataclass(frozen=True)
-class Pending:
-    """A claim a chapter will grade that is not on main yet (`where`), or that nothing grades yet."""
-    where: str
+class Read(See):
+    """Numbers a chapter prints: the first match of `pattern` (groups named in `names`, in order) in the outputs of
+    the cells under the section."""
+    pattern: str = ""
+    names: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
 class Claim:
-    """One claim: the tutorial ("000" or "001"), its section, the claim in English (`said`), the verdict, a reason
-    and the deciding number as templates over the values of `sources` (str.format fields)."""
+    """One claim: the tutorial ("000" or "001"), its section, the claim in our English (`said`), the verdict, and
+    the reason and the deciding number as templates over the values the `sources` read (str.format fields)."""
     tutorial: str
     section: str
     said: str
     verdict: str
     why: str
     number: str = ""
-    sources: tuple = field(default_factory=tuple)
+    sources: tuple[See, ...] = field(default_factory=tuple)
 
     def __post_init__(self):
         if self.verdict not in VERDICTS:
             raise ValueError(f"verdict {self.verdict!r}: one of {VERDICTS}")
+        if self.verdict != "not checkable here" and not self.sources:
+            raise ValueError(f"{self.said!r}: a graded claim needs the section that decides it")
 
 
 # ---------------------------------------------------------------------------------------------- the chapters' outputs
@@ -87,10 +77,10 @@ def anchor(heading: str) -> str:
 
 @lru_cache(maxsize=None)
 def sections(chapter: str) -> dict[str, dict]:
-    """{heading: {"level", "anchor", "outputs"}} for every heading of a chapter; "outputs" is the text every cell under
-    the heading printed (until the next heading of the same or a higher level), one output per list entry."""
+    """{heading: {"level", "anchor", "outputs"}} for every heading of a chapter; "outputs" is the text of every
+    output of the cells under the heading (until the next heading of the same or a higher level)."""
     cells = json.loads((NOTEBOOKS / f"{chapter}.ipynb").read_text())["cells"]
-    found, open_, slugs = {}, [], set()
+    found, open_, slugs = {}, [], []
     for cell in cells:
         if cell["cell_type"] == "markdown":
             for line in "".join(cell["source"]).splitlines():
@@ -99,10 +89,9 @@ def sections(chapter: str) -> dict[str, dict]:
                     level, text = len(match.group(1)), match.group(2)
                     open_ = [h for h in open_ if found[h]["level"] < level]
                     slug = anchor(text)
-                    while slug in slugs:       # MyST numbers repeated slugs
-                        slug = f"{anchor(text)}-{sum(s.startswith(anchor(text)) for s in slugs)}"
-                    slugs.add(slug)
-                    found[text] = {"level": level, "anchor": slug, "outputs": []}
+                    repeats = slugs.count(slug)       # MyST numbers a repeated slug: slug-1, slug-2, ...
+                    slugs.append(slug)
+                    found[text] = {"level": level, "anchor": f"{slug}-{repeats}" if repeats else slug, "outputs": []}
                     open_.append(text)
         for heading in open_:
             found[heading]["outputs"] += [_text(out) for out in cell.get("outputs", [])]
@@ -128,57 +117,49 @@ def read(source: Read) -> dict[str, str]:
     raise LookupError(f"{source.chapter}, section {source.heading!r}: no output matches {source.pattern!r}")
 
 
-def values(claim: Claim) -> dict:
-    """Every value the claim's templates use, read or computed now."""
+def values(claim: Claim) -> dict[str, str]:
+    """Every value the claim's templates use, read now from the chapters' stored outputs."""
     got = {}
     for source in claim.sources:
         if isinstance(source, Read):
             got.update(read(source))
-        elif isinstance(source, Computed):
-            result = source.function()
-            got.update({name: result[name] for name in source.names})
     return got
 
 
 # ---------------------------------------------------------------------------------------------- the page's rows
-def chapter_link(chapter: str, heading: str) -> str:
+def link(source: See) -> str:
     """A MyST link from the page to a chapter's section, labelled with the chapter number and the heading."""
-    section = sections(chapter)[heading]
-    return f"[ch. {int(chapter[:2])}, {heading_text(heading)}]({PAGE_DIR}/{chapter}.ipynb#{section['anchor']})"
-
-
-def links(claim: Claim) -> list[str]:
-    """Where the numbers are computed: the chapter sections read, the page itself, chapter 6 when pending."""
-    where = []
-    for source in claim.sources:
-        if isinstance(source, Read):
-            where.append(chapter_link(source.chapter, source.heading))
-        elif isinstance(source, Computed):
-            where.append(f"this page: `{source.function.__name__}`" + (
-                f" (see {chapter_link(*source.see)})" if source.see else ""))
-        elif isinstance(source, Pending):
-            where.append(source.where)
-    return list(dict.fromkeys(where))
+    section = sections(source.chapter).get(source.heading)
+    if section is None or section["level"] > ANCHOR_LEVELS:
+        raise LookupError(f"{source.chapter}: no heading {source.heading!r} of level <= {ANCHOR_LEVELS}")
+    return (f"[ch. {int(source.chapter[:2])}, {heading_text(source.heading)}]"
+            f"({PAGE_DIR}/{source.chapter}.ipynb#{section['anchor']})")
 
 
 def rows(claims: list[Claim]) -> list[dict]:
-    """One row per claim, its templates filled with the values read or computed now."""
+    """One row per claim, its templates filled with the values read now."""
     out = []
     for number, claim in enumerate(claims, 1):
         got = values(claim)
         out.append({"id": f"{claim.tutorial}.{number}", "section": claim.section, "claim": claim.said,
-                    "verdict": claim.verdict, "why": claim.why.format(**got), "number": claim.number.format(**got) or "-",
-                    "where": "; ".join(links(claim))})
+                    "verdict": claim.verdict, "why": claim.why.format(**got),
+                    "number": claim.number.format(**got) or "-",
+                    "where": "; ".join(dict.fromkeys(link(s) for s in claim.sources)) or "-"})
     return out
 
 
-def table(claims: list[Claim]) -> Table:
-    return Table(rows(claims), [("", "id", ""), ("section", "section", ""), ("the tutorial says", "claim", ""),
-                                ("verdict", lambda r: f"**{r['verdict']}**: {r['why']}", ""),
-                                ("the number that decides it", "number", ""), ("computed in", "where", "")])
+def markdown(claims: list[Claim]) -> str:
+    """The claims as MyST: one short block per claim (a table of such long cells would not read)."""
+    blocks = []
+    for row in rows(claims):
+        blocks.append(f"**{row['id']}** ({row['section']}). *The tutorial says:* {row['claim']}\n\n"
+                      f"- **Verdict: {row['verdict']}.** {row['why']}\n"
+                      f"- **The number that decides it:** {row['number']}\n"
+                      f"- **Computed in:** {row['where']}\n")
+    return "\n".join(blocks)
 
 
-def verdict_counts(groups: dict[str, list[Claim]]) -> Table:
+def verdict_counts(groups: dict[str, list]) -> Table:
     """How many claims of each tutorial got each verdict."""
     counts = [{"tutorial": f"{t} ({TUTORIALS[t]})", **{v: sum(c.verdict == v for c in claims) for v in VERDICTS},
                "claims": len(claims)} for t, claims in groups.items()]

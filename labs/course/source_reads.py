@@ -1,0 +1,47 @@
+"""Where the "from the sources" page reads its numbers: the chapters, their graded sections, and readers for the
+tables several claims quote (chapter 1's seed sums, chapter 2's bytes and collectives, chapter 3's scenarios,
+chapter 9's run a). Each returns a `labs.course.sources.Read`: a pattern over one section's stored outputs."""
+from __future__ import annotations
+
+from labs.course.sources import Read
+
+CH1, CH2, CH3, CH4, CH5 = ("01_memory_math", "02_zero_stages", "03_offload", "04_mixed_precision",
+                           "05_checkpointing")
+CH6, CH7, CH8, CH9 = "06_multi_node", "07_fsdp", "08_trainer_and_accelerate", "09_qwen7b_on_gpu"
+SUMS = "The seeds' 7B sums, recomputed"           # chapter 1's table of both tutorials' 7B sums
+SCENARIOS = "The seeds' scenarios, recomputed"   # chapter 3's 24 GB scenarios
+SNIPPETS = "The source tutorials' snippets, graded"
+STAGES_RUN_A = "ZeRO-1, ZeRO-2, ZeRO-3 and FSDP2 with the same levers (run a)"
+
+
+def sums_row(seed: str, label: str, *names: str) -> Read:
+    """The last len(names) columns of one row of chapter 1's table of the seeds' sums (paper GB, DeepSpeed GB)."""
+    fields = r"\s+".join(r"(\S+)" for _ in names)
+    return Read(CH1, SUMS, rf"^\s*{seed}\s+{_literal(label)}\s.*?{fields}\s*$", names)
+
+
+def stage_row(stage: int, category: str, *names: str) -> Read:
+    """Chapter 2's measured bytes of one category on rank 0 at one stage (measured MiB)."""
+    return Read(CH2, "What each rank holds", rf"^\s*{stage}\s+0\s+{category}\s+(\S+)", names)
+
+
+def comm_row(stage: int) -> Read:
+    """Chapter 2's collectives at one stage: all-reduce MB, reduce-scatter MB, all-gather calls, volume/Psi, paper."""
+    return Read(CH2, "What each rank sends",
+                rf"^\s*{stage}\s+\d+\s+(\S+)\s+(\S+)\s+(\d+)\s+\S+\s+(\S+)\s+(\d+)\s*$",
+                tuple(f"{n}{stage}" for n in ("allreduce", "scatter", "gathers", "volume", "paper")))
+
+
+def scenario_row(setup: str, offload: str, prefix: str) -> Read:
+    """Chapter 3's labs.memory scenario: GPU peak GiB, fits, host GiB per node."""
+    return Read(CH3, SCENARIOS, rf"^{_literal(setup)}\s+{offload}\s+(\S+)\s+(True|False)\s+(\S+)\s*$",
+                (f"{prefix}_gpu", f"{prefix}_fits", f"{prefix}_host"))
+
+
+def run_a(case: str, prefix: str) -> Read:
+    """Chapter 9's run a on 2 x H200, one case: tokens/s per GPU and peak GiB."""
+    return Read(CH9, STAGES_RUN_A, rf"^{case}\s+\S+\s+\d\s+(\S+)\s+\S+\s+(\S+)", (f"{prefix}_tps", f"{prefix}_peak"))
+
+
+def _literal(text: str) -> str:
+    return "".join("\\" + c if c in ".^$*+?()[]{}|\\" else c for c in text)
