@@ -110,8 +110,10 @@ CLAIMS = [
     Claim("001", "5.1", "The hostfile mode is the simplest way across machines, and passwordless SSH from the first "
           "machine to the others is required.", "partly",
           "required by DeepSpeed's default (pdsh) launcher, which tests ssh before it starts; DeepSpeed 0.19 also "
-          "runs with `--no_ssh --node_rank K` on every host, which `labs` uses and tests on two emulated nodes.", "",
-          (See(CH6, "8. The source tutorials' claims"),)),
+          "runs without ssh when every host starts its own runner, which `labs` builds and tests on two emulated nodes.",
+          "the second host's own command carries `{flags}`",
+          (See(CH6, "8. The source tutorials' claims"),
+           Read(CH6, "1. The launchers you already have", r"(--no_ssh --node_rank=\d+)", ("flags",)))),
     Claim("001", "5.2", "Its two-machine accelerate config (`distributed_type: DEEPSPEED`, `num_machines: 2`, "
           "`num_processes: 16`) trains across both machines.", "false",
           "accelerate hands the start to DeepSpeed's multi-node runner, which needs a hostfile the file does not name "
