@@ -8,12 +8,15 @@ from labs.course.source_reads import (CH1, CH3, CH4, CH5, CH6, CH7, CH9, SCENARI
 from labs.course.sources import Claim, Read, See
 
 TUTORIAL = "000"
+# mixed-precision (and fp32) Adam's model states per parameter, the ZeRO paper's count, as chapter 1 prints it
+BYTES_PER_PARAM = Read(CH1, "Bytes per parameter, step by step", r"^fp32: paper accounting (\d+) bytes per parameter",
+                       ("bytes",))
 CLAIMS = [
     Claim("000", "1", "A 7B model in fp32 needs 26.1 GB of weights, 26.1 GB of gradients and 52.2 GB of Adam states: "
           "104.4 GB.", "partly",
-          "the bytes are right (16 per parameter), the unit is not: the tutorial's own code divides by 1024³, so its "
+          "the bytes are right ({bytes} per parameter), the unit is not: the tutorial's own code divides by 1024³, so its "
           "figure is in GiB; in GB the same bytes are {gb} GB.", "{gb} GB for 7e9 parameters",
-          (sums_row("000", "fp32 params + grads + Adam, no ZeRO", "gb", "_"),)),
+          (sums_row("000", "fp32 params + grads + Adam, no ZeRO", "gb", "_"), BYTES_PER_PARAM)),
     Claim("000", "1", "Activations take 15-20 GB, depending on the batch size.", "not checkable here",
           "no batch size or sequence length is given, and activations grow with both; chapter 1 computes them for any "
           "setting, tensor by tensor.", "", (See(CH1, "Activations, tensor by tensor"),)),
@@ -46,9 +49,9 @@ CLAIMS = [
           "{p0} → {p3} MiB of parameters per rank on 2 ranks",
           (stage_row(0, "params", "p0"), stage_row(3, "params", "p3"))),
     Claim("000", "2.2", "Qwen-7B under ZeRO-3 on 4 GPUs stores about 42 GB per card instead of 120 GB.", "false",
-          "ZeRO-3 partitions all 16 bytes per parameter: {paper} GB per GPU in the ZeRO paper's count, {ds} GB in "
+          "ZeRO-3 partitions all {bytes} bytes per parameter: {paper} GB per GPU in the ZeRO paper's count, {ds} GB in "
           "DeepSpeed's; 42 GB is the other tutorial's ZeRO-1 figure.", "{paper} GB (paper), {ds} GB (DeepSpeed)",
-          (sums_row("000", "ZeRO-3 on 4 GPUs, per GPU", "paper", "ds"),)),
+          (sums_row("000", "ZeRO-3 on 4 GPUs, per GPU", "paper", "ds"), BYTES_PER_PARAM)),
     Claim("000", "3.1", "The minimum setup is 2 x A100 80 GB with ZeRO-3.", "partly",
           "2 x 80 GB does train it (capped at 80 GB on 2 H200s, stock ZeRO-3 with full checkpointing peaked at "
           "{peak} GiB), but it is no minimum: with the optimizer offloaded, labs.memory puts one 24 GB card at "
@@ -102,7 +105,7 @@ CLAIMS = [
            Read(CH1, "Bytes per parameter, step by step", r"^adafactor\s+\S+\s+(\S+)", ("adafactor",)))),
     Claim("000", "5.2", "A hostfile `worker-1 slots=4` / `worker-2 slots=4` with `deepspeed --hostfile=hostfile "
           "--num_gpus 4` trains on both machines.", "true",
-          "DeepSpeed's own runner functions turn it into {ranks} ranks, 4 on each host.", "{ranks} ranks",
+          "DeepSpeed's own runner functions turn it into {ranks} ranks, every listed slot of both hosts.", "{ranks} ranks",
           (Read(CH6, "8. The source tutorials' claims", r"-> (\d+) ranks", ("ranks",)),)),
     Claim("000", "5.3", "ZeRO-3 can hurt convergence: raise the batch size, lower the learning rate, warm up longer.",
           "false",
@@ -148,9 +151,11 @@ CLAIMS = [
                 ("fp16_tps", "fp16_peak")))),
     Claim("000", "7", "ZeRO++ brings quantized communication, hierarchical parameter management (smarter CPU/GPU "
           "scheduling) and asynchronous updates.", "partly",
-          "one of three holds: DeepSpeed's config lists quantized weights and gradients ({quantized}) and hpZ "
+          "one of three holds: DeepSpeed's config lists quantized weights and gradients ({quantized}, {gradients}) "
+          "and hpZ "
           "({hpz}), a secondary parameter partition in GPU memory, not CPU/GPU scheduling; there is no asynchronous "
-          "update.", "ZeRO++'s keys: {hpz}, {quantized}",
+          "update.", "ZeRO++'s keys: {hpz}, {quantized}, {gradients}",
           (Read(CH6, "8. The source tutorials' claims", r"^(zero_hpz_partition_size)\s", ("hpz",)),
-           Read(CH6, "8. The source tutorials' claims", r"^(zero_quantized_weights)\s", ("quantized",)))),
+           Read(CH6, "8. The source tutorials' claims", r"^(zero_quantized_weights)\s", ("quantized",)),
+           Read(CH6, "8. The source tutorials' claims", r"^(zero_quantized_gradients)\s", ("gradients",)))),
 ]

@@ -151,11 +151,13 @@ def rows(claims: list[Claim]) -> list[dict]:
 def markdown(claims: list[Claim]) -> str:
     """The claims as MyST: one short block per claim (a table of such long cells would not read)."""
     blocks = []
-    for row in rows(claims):
+    for claim, row in zip(claims, rows(claims)):
+        computed = any(isinstance(s, Read) for s in claim.sources)
+        number = row["number"] if row["number"] != "-" else "none computed here"
         blocks.append(f"**{row['id']}** ({row['section']}). *The tutorial says:* {row['claim']}\n\n"
-                      f"- **Verdict: {row['verdict']}.** {row['why']}\n"
-                      f"- **The number that decides it:** {row['number']}\n"
-                      f"- **Computed in:** {row['where']}\n")
+                      f"- **Verdict: {row['verdict']}.** {row['why'][:1].upper()}{row['why'][1:]}\n"
+                      f"- **The number that decides it:** {number}\n"
+                      f"- **{'Computed in' if computed else 'Where to check'}:** {row['where']}\n")
     return "\n".join(blocks)
 
 
