@@ -9,7 +9,7 @@ import pytest
 from myst_parser.mdit_to_docutils.base import default_slugify
 
 from labs.course import claims_deepspeed_chapter, claims_qwen_guide, sources
-from labs.course.sources import Claim, Read, See
+from labs.course.sources import Claim, Computed, Read, See
 
 ROOT = Path(__file__).resolve().parent.parent
 MODULES = (claims_qwen_guide, claims_deepspeed_chapter)
@@ -37,8 +37,8 @@ def test_every_number_is_read_from_a_chapter(claim):
     a stored output now: a chapter that stops printing a number fails here, not silently on the page."""
     fields = {name for text in (claim.why, claim.number) for _, name, _, _ in string.Formatter().parse(text)
               if name}
-    read = {n for s in claim.sources if isinstance(s, Read) for n in s.names}
-    assert fields <= read, f"fields not read from any chapter: {fields - read}"
+    read = {n for s in claim.sources if isinstance(s, (Read, Computed)) for n in s.names}
+    assert fields <= read, f"fields neither read from a chapter nor computed: {fields - read}"
     values = sources.values(claim)
     assert all(values[f].strip() for f in fields)
     if claim.verdict != "not checkable here":
@@ -63,12 +63,21 @@ def test_every_link_lands_on_a_heading_with_an_anchor(claim):
     links = LINK.findall(rendered)
     assert len(links) == len(claim.sources)
     for source, (chapter, anchor) in zip(claim.sources, links):
+        source = source.see if isinstance(source, Computed) else source
         headings = _headings(chapter)
         assert source.heading in headings, f"{chapter} has no heading {source.heading!r}"
         assert headings[source.heading] <= sources.ANCHOR_LEVELS, "MyST gives deeper headings no anchor"
         assert (ROOT / "book" / "notebooks" / f"{chapter}.ipynb").is_file()
         slugs = [default_slugify(sources.heading_text(h)) for h in headings]
         assert anchor in slugs or re.sub(r"-\d+$", "", anchor) in slugs, f"{chapter}: no heading makes #{anchor}"
+
+
+def test_computed_numbers_come_from_labs_functions():
+    computed = [s for c in CLAIMS for s in c.sources if isinstance(s, Computed)]
+    assert computed, "the page computes the claims no chapter prints"
+    for source in computed:
+        assert source.function.__module__.startswith("labs."), source.function
+        assert set(source.names) <= set(source.function())
 
 
 def test_a_missing_number_is_an_error_naming_the_section():

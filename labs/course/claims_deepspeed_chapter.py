@@ -4,13 +4,18 @@ accelerate, FSDP, several nodes): its checkable claims in our words, each graded
 outputs (`labs.course.sources.Read`); nothing here types a result."""
 from __future__ import annotations
 
-from labs.course.source_reads import CH1, CH3, CH5, CH6, CH7, CH8, CH9, SCENARIOS, SNIPPETS, SUMS, run_a, sums_row
-from labs.course.sources import Claim, Read, See
+from labs.course.source_reads import (CH1, CH3, CH5, CH6, CH7, CH8, CH9, SCENARIOS, SNIPPETS, SUMS, run_a, sums_row,
+                                      thirteen_b_without_zero)
+from labs.course.sources import Claim, Computed, Read, See
 
 TUTORIAL = "001"
 STEP_COST = "What a step costs"        # chapter 3's recorded H200 throughputs, with and without offload
 
 CLAIMS = [
+    Claim("001", "1", "Plain DDP cannot train a 13B model on 24 GB cards.", "true",
+          "without ZeRO every card holds all model states, {bytes} bytes per parameter: {gb} GB before any "
+          "activation.", "{gb} GB of model states per card",
+          (Computed(thirteen_b_without_zero, ("gb", "bytes"), See(CH1, "Bytes per parameter, step by step")),)),
     Claim("001", "1", "ZeRO-1 saves 4x memory, ZeRO-2 8x, and ZeRO-3 in proportion to the number of GPUs.", "partly",
           "4x and 8x are the limits for very many GPUs, not what a few give: the model states shrink {z1_4}x (ZeRO-1) "
           "and {z2_4}x (ZeRO-2) on 4 GPUs, and {z1_1024}x and {z2_1024}x on 1024.",

@@ -3,9 +3,9 @@ each graded against what a chapter computed (section numbers are the guide's). E
 `{field}` read from a chapter's stored outputs (`labs.course.sources.Read`); nothing here types a result."""
 from __future__ import annotations
 
-from labs.course.source_reads import (CH1, CH3, CH4, CH5, CH6, CH7, CH9, SCENARIOS, SUMS, comm_row, run_a,
-                                      scenario_row, stage_row, sums_row)
-from labs.course.sources import Claim, Read, See
+from labs.course.source_reads import (CH1, CH3, CH4, CH5, CH6, CH7, CH8, CH9, SCENARIOS, SUMS, comm_row,
+                                      guide_batch_keys, run_a, scenario_row, stage_row, sums_row)
+from labs.course.sources import Claim, Computed, Read, See
 
 TUTORIAL = "000"
 # mixed-precision (and fp32) Adam's model states per parameter, the ZeRO paper's count, as chapter 1 prints it
@@ -68,6 +68,13 @@ CLAIMS = [
     Claim("000", "3.1", "4 x A100 40 GB with ZeRO-3 is the recommended setup.", "not checkable here",
           "no chapter computes a 40 GB card; the nearest number is chapter 3's ZeRO-3 peak on 4 GPUs without offload.",
           "", (See(CH3, SCENARIOS),)),
+    Claim("000", "3.2", "Its `ds_config.json` (`train_batch_size` 8 with `gradient_accumulation_steps` 4) serves the "
+          "setups it recommends.", "partly",
+          "on 2 GPUs (its minimum setup) the batch leaves a micro-batch of {two_micro} sequence per GPU and "
+          "DeepSpeed's own config class says: {two}; on the 4 GPUs of its recommended and development setups it "
+          "would leave {four_micro}, and DeepSpeed refuses it: {four}.",
+          "micro-batch per GPU: {two_micro} on 2 GPUs, {four_micro} on 4",
+          (Computed(guide_batch_keys, ("two", "four", "two_micro", "four_micro"), See(CH8, "Keys that must agree")),)),
     Claim("000", "3.3, 4.1", "With `config.gradient_checkpointing = True` set before `from_pretrained`, its training "
           "loop trains with activation checkpointing.", "false",
           "the key set before building does switch it on (a train-mode layer keeps {train} of its activations), but "

@@ -1,8 +1,11 @@
-"""Where the "from the sources" page reads its numbers: the chapters, their graded sections, and readers for the
+"""Where the "from the sources" page gets its numbers: the chapters, their graded sections, readers for the
 tables several claims quote (chapter 1's seed sums, chapter 2's bytes and collectives, chapter 3's scenarios,
-chapter 9's run a). Each returns a `labs.course.sources.Read`: a pattern over one section's stored outputs."""
+chapter 9's run a), each a `labs.course.sources.Read` (a pattern over one section's stored outputs), and the two
+checks no chapter prints, run when the page is built."""
 from __future__ import annotations
 
+from labs import memory
+from labs.course import tutorial_snippets
 from labs.course.sources import Read
 
 CH1, CH2, CH3, CH4, CH5 = ("01_memory_math", "02_zero_stages", "03_offload", "04_mixed_precision",
@@ -45,3 +48,23 @@ def run_a(case: str, prefix: str) -> Read:
 
 def _literal(text: str) -> str:
     return "".join("\\" + c if c in ".^$*+?()[]{}|\\" else c for c in text)
+
+
+# ---------------------------------------------------------------------------------------------- computed on the page
+GB = 1e9
+
+
+def guide_batch_keys() -> dict:
+    """The Qwen-7B guide's batch keys (train_batch_size 8, gradient_accumulation_steps 4) through DeepSpeed's own
+    config class, on the 2 GPUs of its minimum setup and the 4 of its recommended one."""
+    keys = {"train_batch_size": 8, "gradient_accumulation_steps": 4}
+    share = {gpus: keys["train_batch_size"] / (keys["gradient_accumulation_steps"] * gpus) for gpus in (2, 4)}
+    verdicts = {gpus: tutorial_snippets.deepspeed_error(keys, world_size=gpus) or "accepted" for gpus in (2, 4)}
+    return {"two": verdicts[2], "four": verdicts[4], "two_micro": f"{share[2]:g}", "four_micro": f"{share[4]:g}"}
+
+
+def thirteen_b_without_zero() -> dict:
+    """Model states per GPU of a 13B model under plain data parallelism (no ZeRO), the ZeRO paper's count."""
+    estimate = memory.estimate(params=13e9, stage=0, gpus_per_node=1)
+    return {"gb": f"{estimate.paper_model_states_per_gpu_bytes / GB:.0f}",
+            "bytes": f"{estimate.paper_model_states_per_gpu_bytes / estimate.params:.0f}"}

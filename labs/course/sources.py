@@ -4,7 +4,8 @@ graded, each with the number that decides it and a link to the chapter section w
 The numbers are never typed here. A claim names where they are printed (`Read`): a regex whose groups are the
 numbers, matched against the stored outputs of the cells under one section heading of a chapter. The link goes to
 that heading, so a reader who follows it lands on the cell that computed the number. `See` links a section
-without reading a number from it (for claims that no number decides, or that nothing here can check).
+without reading a number from it (for claims that no number decides, or that nothing here can check). The few
+claims no chapter computes are decided by a labs function run when the page is built (`Computed`).
 
     from labs.course import sources, source_claims
     sources.rows(source_claims.CLAIMS["000"])     # one dict per claim: id, claim, verdict, why, number, where
@@ -16,6 +17,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import Callable
 
 from myst_parser.mdit_to_docutils.base import default_slugify
 
@@ -43,6 +45,15 @@ class Read(See):
     the cells under the section."""
     pattern: str = ""
     names: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Computed:
+    """Numbers no chapter prints, computed by a labs function when the page is built: `function()` returns a dict
+    of strings, `names` are the keys used; `see` is the chapter section that treats the topic."""
+    function: Callable[[], dict]
+    names: tuple[str, ...]
+    see: See
 
 
 @dataclass(frozen=True)
@@ -123,12 +134,18 @@ def values(claim: Claim) -> dict[str, str]:
     for source in claim.sources:
         if isinstance(source, Read):
             got.update(read(source))
+        elif isinstance(source, Computed):
+            result = source.function()
+            got.update({name: str(result[name]) for name in source.names})
     return got
 
 
 # ---------------------------------------------------------------------------------------------- the page's rows
-def link(source: See) -> str:
-    """A MyST link from the page to a chapter's section, labelled with the chapter number and the heading."""
+def link(source: See | Computed) -> str:
+    """A MyST link from the page to a chapter's section, labelled with the chapter number and the heading (for a
+    computed number: the function's name, then the section that treats the topic)."""
+    if isinstance(source, Computed):
+        return f"this page, by `{source.function.__module__}.{source.function.__name__}` (see {link(source.see)})"
     section = sections(source.chapter).get(source.heading)
     if section is None or section["level"] > ANCHOR_LEVELS:
         raise LookupError(f"{source.chapter}: no heading {source.heading!r} of level <= {ANCHOR_LEVELS}")
@@ -152,7 +169,7 @@ def markdown(claims: list[Claim]) -> str:
     """The claims as MyST: one short block per claim (a table of such long cells would not read)."""
     blocks = []
     for claim, row in zip(claims, rows(claims)):
-        computed = any(isinstance(s, Read) for s in claim.sources)
+        computed = any(isinstance(s, (Read, Computed)) for s in claim.sources)
         number = row["number"] if row["number"] != "-" else "none computed here"
         blocks.append(f"**{row['id']}** ({row['section']}). *The tutorial says:* {row['claim']}\n\n"
                       f"- **Verdict: {row['verdict']}.** {row['why'][:1].upper()}{row['why'][1:]}\n"
