@@ -33,7 +33,7 @@ CLAIMS = [
            sums_row("001", "no ZeRO, per GPU", "paper", "ds"))),
     Claim("001", "1", "On 4 GPUs a 7B model needs 42 GB per GPU under ZeRO-1, 28 GB (its figure) or 31.5 GB (its "
           "sum) under ZeRO-2, and 21 GB under ZeRO-3.", "false",
-          "each follows the 12-byte rule above and is too low: {z1} / {z2} / {z3} GB by the ZeRO paper, {z1_ds} / "
+          "each is built on the undercounted 84 GB above and is too low: {z1} / {z2} / {z3} GB by the ZeRO paper, {z1_ds} / "
           "{z2_ds} / {z3_ds} GB in DeepSpeed's accounting.", "{z1} / {z2} / {z3} GB (paper)",
           (sums_row("001", "ZeRO-1 on 4 GPUs, per GPU", "z1", "z1_ds"),
            sums_row("001", "ZeRO-2 on 4 GPUs (diagram / text)", "z2", "z2_ds"),
@@ -69,7 +69,7 @@ CLAIMS = [
           "of host memory ({per_param} bytes per parameter); offload to NVMe is the way (chapter 3).",
           "{host70} GiB of host memory",
           (Read(CH3, SCENARIOS, r"host memory ([\d,]+) GiB \(about (\d+) bytes per parameter\)",
-                ("host70", "per_param")),)),
+                ("host70", "per_param")), See(CH3, "NVMe offload (ZeRO-Infinity)"))),
     Claim("001", "2.1, 2.2", "Its ZeRO-2 and ZeRO-3 Offload files, with `//` comments, are ready to use.", "partly",
           "DeepSpeed's reader (hjson) accepts comments: the ZeRO-2 file {hjson}; Python's json, which the HF "
           "Trainer and accelerate use, stops at the first one with a {json}.", "hjson: {hjson}; json: {json}",

@@ -4,7 +4,8 @@ each graded against what a chapter computed (section numbers are the guide's). E
 from __future__ import annotations
 
 from labs.course.source_reads import (CH1, CH3, CH4, CH5, CH6, CH7, CH8, CH9, SCENARIOS, SUMS, comm_row,
-                                      guide_batch_keys, run_a, scenario_row, stage_row, sums_row)
+                                      guide_batch_keys, run_a, scenario_row, stage_row, sums_row,
+                                      wall_clock_shares)
 from labs.course.sources import Claim, Computed, Read, See
 
 TUTORIAL = "000"
@@ -22,8 +23,8 @@ CLAIMS = [
           "setting, tensor by tensor.", "", (See(CH1, "Activations, tensor by tensor"),)),
     Claim("000", "1", "Plain data parallelism keeps a full copy of everything on every GPU, so adding GPUs does not "
           "lower the memory each one needs.", "true",
-          "at stage 0 each of chapter 2's two ranks held the whole model: {params} MiB of parameters and {optim} MiB "
-          "of optimizer states, the same as one process alone.", "{params} MiB of parameters on each rank: all of them",
+          "at stage 0 each of chapter 2's two ranks held all {params} MiB of the parameters and all {optim} MiB of "
+          "Adam's states: the second rank saved no memory on either.", "{params} MiB of parameters on each rank: all of them",
           (stage_row(0, "params", "params"), stage_row(0, "optimizer", "optim"))),
     Claim("000", "2.1", "ZeRO-1 partitions the optimizer states, ZeRO-2 the gradients as well, ZeRO-3 the parameters "
           "as well; the memory saved grows from stage to stage.", "true",
@@ -50,18 +51,20 @@ CLAIMS = [
           (stage_row(0, "params", "p0"), stage_row(3, "params", "p3"))),
     Claim("000", "2.2", "Qwen-7B under ZeRO-3 on 4 GPUs stores about 42 GB per card instead of 120 GB.", "false",
           "ZeRO-3 partitions all {bytes} bytes per parameter: {paper} GB per GPU in the ZeRO paper's count, {ds} GB in "
-          "DeepSpeed's; 42 GB is the other tutorial's ZeRO-1 figure.", "{paper} GB (paper), {ds} GB (DeepSpeed)",
-          (sums_row("000", "ZeRO-3 on 4 GPUs, per GPU", "paper", "ds"), BYTES_PER_PARAM)),
+          "DeepSpeed's; 42 GB is the other tutorial's ZeRO-1 figure. Nor is 120 GB the guide's own unpartitioned total ({total} GB).",
+          "{paper} GB (paper), {ds} GB (DeepSpeed)",
+          (sums_row("000", "ZeRO-3 on 4 GPUs, per GPU", "paper", "ds"), BYTES_PER_PARAM,
+           sums_row("000", "fp32 params + grads + Adam, no ZeRO", "total", "_"))),
     Claim("000", "3.1", "The minimum setup is 2 x A100 80 GB with ZeRO-3.", "partly",
           "2 x 80 GB does train it (capped at 80 GB on 2 H200s, stock ZeRO-3 with full checkpointing peaked at "
           "{peak} GiB), but it is no minimum: with the optimizer offloaded, labs.memory puts one 24 GB card at "
-          "{one_gpu} GiB (fits: {one_fits}), given {one_host} GiB of host memory.",
+          "{one_gpu} GiB (fits a 24 GB card: {one_fits}), given {one_host} GiB of host memory.",
           "{peak} GiB measured under an 80 GB cap; {one_gpu} GiB predicted on 1 x 24 GB with offload",
           (Read(CH9, "The cards users have: an 80 GB budget", r"^stock-zero3-ckfull-mb1-ga8\s+\S+\s+\S+\s+\S+\s+(\S+)",
                 ("peak",)), scenario_row("qwen-7b, 1 x RTX3090, ZeRO-3", "optimizer", "one"))),
     Claim("000", "3.1", "Consumer cards (4 x RTX 3090 24 GB) need CPU offload.", "true",
           "at micro-batch 1, sequence 2048 and full checkpointing, ZeRO-3 alone peaks at {none_gpu} GiB per GPU "
-          "(fits: {none_fits}); with the optimizer offloaded {opt_gpu} GiB (fits: {opt_fits}).",
+          "(fits a 24 GB card: {none_fits}); with the optimizer offloaded, {opt_gpu} GiB (fits: {opt_fits}).",
           "{none_gpu} GiB without offload, {opt_gpu} GiB with it",
           (scenario_row("qwen-7b, 4 x RTX3090, ZeRO-3", "none", "none"),
            scenario_row("qwen-7b, 4 x RTX3090, ZeRO-3", "optimizer", "opt"))),
@@ -101,10 +104,17 @@ CLAIMS = [
           "the claim compares with fp32 training, which was never measured on a GPU here; against bf16 fp16 runs at "
           "{vs_bf16} the speed on H200.", "{vs_bf16} (fp16 against bf16)",
           (Read(CH4, "6. The seed's claims, graded", r"measured tokens/s per GPU, run e\s+(\S+)", ("vs_bf16",)),)),
+    Claim("000", "4.3", "`wall_clock_breakdown: true` shows where a step's time goes, for example forward 45%, "
+          "backward 35%, optimization 10%, communication 8%, idle 2%.", "partly",
+          "the switch exists, but DeepSpeed reports milliseconds per timer (forward, backward and its gradient "
+          "reduction, optimizer step), with no idle line; and the example's shares are not what a measured step "
+          "shows: ZeRO-3 on {gpus} x {gpu} (chapter 9's run a) spent {fwd} in forward, {bwd} in backward and {step} "
+          "in the optimizer step, as shares of the three timers' sum.", "forward {fwd}, backward {bwd}, step {step} (measured)",
+          (Computed(wall_clock_shares, ("fwd", "bwd", "step", "gpus", "gpu"), See(CH9, "What is measured, and how")),)),
     Claim("000", "5.1", "Against out-of-memory errors: offload to the CPU, or use a lighter optimizer such as "
           "Adafactor instead of Adam.", "true",
           "both lower memory: optimizer offload takes a 4 x 24 GB ZeRO-3 peak from {none_gpu} to {opt_gpu} GiB; "
-          "Adafactor takes Qwen2.5-7B's model states from {adam} GB to {adafactor} GB, still far above one card.",
+          "Adafactor takes Qwen2.5-7B's model states from {adam} GB to {adafactor} GB, still more than a 24 GB card holds.",
           "{none_gpu} → {opt_gpu} GiB (offload); {adam} → {adafactor} GB (Adafactor)",
           (scenario_row("qwen-7b, 4 x RTX3090, ZeRO-3", "none", "none"),
            scenario_row("qwen-7b, 4 x RTX3090, ZeRO-3", "optimizer", "opt"),
@@ -116,8 +126,8 @@ CLAIMS = [
           (Read(CH6, "8. The source tutorials' claims", r"-> (\d+) ranks", ("ranks",)),)),
     Claim("000", "5.3", "ZeRO-3 can hurt convergence: raise the batch size, lower the learning rate, warm up longer.",
           "false",
-          "ZeRO-3 changes where the states live, not the update: are FSDP2's FULL_SHARD and DeepSpeed's ZeRO-2 "
-          "within bf16 rounding of ZeRO-3's losses? {fsdp} and {zero2}; and on H200 ZeRO-1, ZeRO-2 and ZeRO-3 reached {z1}, {z2} and "
+          "ZeRO-3 changes where the states live, not the update. Chapter 7's check, whether a run's losses stay "
+          "within bf16 rounding of ZeRO-3's: {fsdp} for FSDP2's FULL_SHARD, {zero2} for DeepSpeed's ZeRO-2; on H200 ZeRO-1, ZeRO-2 and ZeRO-3 reached {z1}, {z2} and "
           "{z3} at step 7.", "loss at step 7: {z1} / {z2} / {z3} (ZeRO-1 / 2 / 3)",
           (Read(CH7, "Two claims, graded", r"^full shard / fsdp2\s.*?: (\w+)", ("fsdp",)),
            Read(CH7, "Two claims, graded", r"^shard grads \+ optimizer / deepspeed\s.*?: (\w+)", ("zero2",)),

@@ -5,6 +5,7 @@ checks no chapter prints, run when the page is built."""
 from __future__ import annotations
 
 from labs import memory
+from labs.bench import results
 from labs.course import tutorial_snippets
 from labs.course.sources import Read
 
@@ -68,3 +69,12 @@ def thirteen_b_without_zero() -> dict:
     estimate = memory.estimate(params=13e9, stage=0, gpus_per_node=1)
     return {"gb": f"{estimate.paper_model_states_per_gpu_bytes / GB:.0f}",
             "bytes": f"{estimate.paper_model_states_per_gpu_bytes / estimate.params:.0f}"}
+
+
+def wall_clock_shares(run: str = "a_zero3_2xh200", case: str = "labs-zero3") -> dict:
+    """DeepSpeed's wall_clock_breakdown timers (forward, backward, optimizer step, in ms) of one recorded GPU case
+    (results/gpu/, chapter 9's run a by default), each as a share of their sum."""
+    row = results.find(results.rows(results.load_all()), run, case)
+    timers = {name: row[f"{name}_ms"] for name in ("fwd", "bwd", "step")}
+    total = sum(timers.values())
+    return {name: f"{ms / total:.0%}" for name, ms in timers.items()} | {"gpus": row["gpus"], "gpu": row["gpu"]}
