@@ -33,8 +33,8 @@ CLAIMS = [
            sums_row("001", "no ZeRO, per GPU", "paper", "ds"))),
     Claim("001", "1", "On 4 GPUs a 7B model needs 42 GB per GPU under ZeRO-1, 28 GB (its figure) or 31.5 GB (its "
           "sum) under ZeRO-2, and 21 GB under ZeRO-3.", "false",
-          "each is built on the undercounted 84 GB above and is too low: {z1} / {z2} / {z3} GB by the ZeRO paper, {z1_ds} / "
-          "{z2_ds} / {z3_ds} GB in DeepSpeed's accounting.", "{z1} / {z2} / {z3} GB (paper)",
+          "each is built on the undercounted 84 GB above and is too low: {z1} / {z2} / {z3} GB by the ZeRO paper, "
+          "{z1_ds} / {z2_ds} / {z3_ds} GB in DeepSpeed's accounting.", "{z1} / {z2} / {z3} GB (paper)",
           (sums_row("001", "ZeRO-1 on 4 GPUs, per GPU", "z1", "z1_ds"),
            sums_row("001", "ZeRO-2 on 4 GPUs (diagram / text)", "z2", "z2_ds"),
            sums_row("001", "ZeRO-3 on 4 GPUs, per GPU", "z3", "z3_ds"))),
@@ -49,9 +49,10 @@ CLAIMS = [
           "and the optimizer updates on the CPU before copying back.", "partly",
           "that is `offload_param` and `offload_optimizer` together; with the optimizer alone offloaded (the "
           "tutorial's first choice) the bf16 parameters stay on the GPU ({on_gpu} GiB there after set-up on H200), "
-          "and the CPU step takes {cpu_step} s of each {step} s step.", "{cpu_step} s of CPU optimizer step in {step} s",
-          (Read(CH3, STEP_COST, r"run b\): .*?([\d.]+) GiB on the GPU after set-up; the CPU optimizer step took (\S+) s "
-                r"of each (\S+) s step", ("on_gpu", "cpu_step", "step")),)),
+          "and the CPU step takes {cpu_step} s of each {step} s step.",
+          "{cpu_step} s of CPU optimizer step in {step} s",
+          (Read(CH3, STEP_COST, r"run b\): .*?([\d.]+) GiB on the GPU after set-up; "
+                r"the CPU optimizer step took (\S+) s of each (\S+) s step", ("on_gpu", "cpu_step", "step")),)),
     Claim("001", "1", "Offload slows training by 30-50%.", "false",
           "on H200, ZeRO-3 with the optimizer offloaded trained {offload} tokens/s on one GPU, against {plain} per GPU "
           "without offload on two: several times slower, not 30-50%.", "{offload} against {plain} tokens/s per GPU",
@@ -79,9 +80,9 @@ CLAIMS = [
           "to `TrainingArguments`.", "false",
           "as written the call stops on the file's comment ({written}); without comments HF still refuses it, "
           "because the file says `{nocomment}` and the arguments do not; it passes with `fp16=True`, on a GPU only.",
-          "as written: {written}", (Read(CH8, SNIPPETS, r"^as written: FAILS: (\w+)", ("written",)),
-                                    Read(CH8, SNIPPETS, r"comments removed, the same arguments: FAILS: .*?ds (\S+) vs hf",
-                                         ("nocomment",)))),
+          "as written: {written}",
+          (Read(CH8, SNIPPETS, r"^as written: FAILS: (\w+)", ("written",)),
+           Read(CH8, SNIPPETS, r"comments removed, the same arguments: FAILS: .*?ds (\S+) vs hf", ("nocomment",)))),
     Claim("001", "3", "`accelerate launch --use_deepspeed --zero_stage 2 train.py` runs DeepSpeed without changing "
           "the code.", "partly",
           "without a GPU it asks torchrun for zero processes and stops with a bare {error} (exit code {code}); on "
@@ -115,7 +116,8 @@ CLAIMS = [
     Claim("001", "5.1", "The hostfile mode is the simplest way across machines, and passwordless SSH from the first "
           "machine to the others is required.", "partly",
           "required by DeepSpeed's default (pdsh) launcher, which tests ssh before it starts; DeepSpeed 0.19 also "
-          "runs without ssh when every host starts its own runner, which `labs` builds and tests on two emulated nodes.",
+          "runs without ssh when every host starts its own runner, which `labs` builds and tests on two emulated "
+          "nodes.",
           "the second host's own command carries `{flags}`",
           (See(CH6, "8. The source tutorials' claims"),
            Read(CH6, "1. The launchers you already have", r"(--no_ssh --node_rank=\d+)", ("flags",)))),

@@ -15,8 +15,8 @@ BYTES_PER_PARAM = Read(CH1, "Bytes per parameter, step by step", r"^fp32: paper 
 CLAIMS = [
     Claim("000", "1", "A 7B model in fp32 needs 26.1 GB of weights, 26.1 GB of gradients and 52.2 GB of Adam states: "
           "104.4 GB.", "partly",
-          "the bytes are right ({bytes} per parameter), the unit is not: the tutorial's own code divides by 1024³, so its "
-          "figure is in GiB; in GB the same bytes are {gb} GB.", "{gb} GB for 7e9 parameters",
+          "the bytes are right ({bytes} per parameter), the unit is not: the tutorial's own code divides by 1024³, "
+          "so its figure is in GiB; in GB the same bytes are {gb} GB.", "{gb} GB for 7e9 parameters",
           (sums_row("000", "fp32 params + grads + Adam, no ZeRO", "gb", "_"), BYTES_PER_PARAM)),
     Claim("000", "1", "Activations take 15-20 GB, depending on the batch size.", "not checkable here",
           "no batch size or sequence length is given, and activations grow with both; chapter 1 computes them for any "
@@ -24,7 +24,8 @@ CLAIMS = [
     Claim("000", "1", "Plain data parallelism keeps a full copy of everything on every GPU, so adding GPUs does not "
           "lower the memory each one needs.", "true",
           "at stage 0 each of chapter 2's two ranks held all {params} MiB of the parameters and all {optim} MiB of "
-          "Adam's states: the second rank saved no memory on either.", "{params} MiB of parameters on each rank: all of them",
+          "Adam's states: the second rank saved no memory on either.",
+          "{params} MiB of parameters on each rank: all of them",
           (stage_row(0, "params", "params"), stage_row(0, "optimizer", "optim"))),
     Claim("000", "2.1", "ZeRO-1 partitions the optimizer states, ZeRO-2 the gradients as well, ZeRO-3 the parameters "
           "as well; the memory saved grows from stage to stage.", "true",
@@ -51,7 +52,8 @@ CLAIMS = [
           (stage_row(0, "params", "p0"), stage_row(3, "params", "p3"))),
     Claim("000", "2.2", "Qwen-7B under ZeRO-3 on 4 GPUs stores about 42 GB per card instead of 120 GB.", "false",
           "ZeRO-3 partitions all {bytes} bytes per parameter: {paper} GB per GPU in the ZeRO paper's count, {ds} GB in "
-          "DeepSpeed's; 42 GB is the other tutorial's ZeRO-1 figure. Nor is 120 GB the guide's own unpartitioned total ({total} GB).",
+          "DeepSpeed's; 42 GB is the other tutorial's ZeRO-1 figure. Nor is 120 GB the guide's own unpartitioned "
+          "total ({total} GB).",
           "{paper} GB (paper), {ds} GB (DeepSpeed)",
           (sums_row("000", "ZeRO-3 on 4 GPUs, per GPU", "paper", "ds"), BYTES_PER_PARAM,
            sums_row("000", "fp32 params + grads + Adam, no ZeRO", "total", "_"))),
@@ -109,12 +111,14 @@ CLAIMS = [
           "the switch exists, but DeepSpeed reports milliseconds per timer (forward, backward and its gradient "
           "reduction, optimizer step), with no idle line; and the example's shares are not what a measured step "
           "shows: ZeRO-3 on {gpus} x {gpu} (chapter 9's run a) spent {fwd} in forward, {bwd} in backward and {step} "
-          "in the optimizer step, as shares of the three timers' sum.", "forward {fwd}, backward {bwd}, step {step} (measured)",
+          "in the optimizer step, as shares of the three timers' sum.",
+          "forward {fwd}, backward {bwd}, step {step} (measured)",
           (Computed(wall_clock_shares, ("fwd", "bwd", "step", "gpus", "gpu"), See(CH9, "What is measured, and how")),)),
     Claim("000", "5.1", "Against out-of-memory errors: offload to the CPU, or use a lighter optimizer such as "
           "Adafactor instead of Adam.", "true",
           "both lower memory: optimizer offload takes a 4 x 24 GB ZeRO-3 peak from {none_gpu} to {opt_gpu} GiB; "
-          "Adafactor takes Qwen2.5-7B's model states from {adam} GB to {adafactor} GB, still more than a 24 GB card holds.",
+          "Adafactor takes Qwen2.5-7B's model states from {adam} GB to {adafactor} GB, still more than a 24 GB card "
+          "holds.",
           "{none_gpu} → {opt_gpu} GiB (offload); {adam} → {adafactor} GB (Adafactor)",
           (scenario_row("qwen-7b, 4 x RTX3090, ZeRO-3", "none", "none"),
            scenario_row("qwen-7b, 4 x RTX3090, ZeRO-3", "optimizer", "opt"),
@@ -122,12 +126,14 @@ CLAIMS = [
            Read(CH1, "Bytes per parameter, step by step", r"^adafactor\s+\S+\s+(\S+)", ("adafactor",)))),
     Claim("000", "5.2", "A hostfile `worker-1 slots=4` / `worker-2 slots=4` with `deepspeed --hostfile=hostfile "
           "--num_gpus 4` trains on both machines.", "true",
-          "DeepSpeed's own runner functions turn it into {ranks} ranks, every listed slot of both hosts.", "{ranks} ranks",
+          "DeepSpeed's own runner functions turn it into {ranks} ranks, every listed slot of both hosts.",
+          "{ranks} ranks",
           (Read(CH6, "8. The source tutorials' claims", r"-> (\d+) ranks", ("ranks",)),)),
     Claim("000", "5.3", "ZeRO-3 can hurt convergence: raise the batch size, lower the learning rate, warm up longer.",
           "false",
           "ZeRO-3 changes where the states live, not the update. Chapter 7's check, whether a run's losses stay "
-          "within bf16 rounding of ZeRO-3's: {fsdp} for FSDP2's FULL_SHARD, {zero2} for DeepSpeed's ZeRO-2; on H200 ZeRO-1, ZeRO-2 and ZeRO-3 reached {z1}, {z2} and "
+          "within bf16 rounding of ZeRO-3's: {fsdp} for FSDP2's FULL_SHARD, {zero2} for DeepSpeed's ZeRO-2; on H200 "
+          "ZeRO-1, ZeRO-2 and ZeRO-3 reached {z1}, {z2} and "
           "{z3} at step 7.", "loss at step 7: {z1} / {z2} / {z3} (ZeRO-1 / 2 / 3)",
           (Read(CH7, "Two claims, graded", r"^full shard / fsdp2\s.*?: (\w+)", ("fsdp",)),
            Read(CH7, "Two claims, graded", r"^shard grads \+ optimizer / deepspeed\s.*?: (\w+)", ("zero2",)),
@@ -156,7 +162,8 @@ CLAIMS = [
     Claim("000", "6.2", "From ZeRO-1 to ZeRO-3 the memory falls (94, 81, 68 GB) and the speed falls a little (980, "
           "950, 900 tokens/s).", "partly",
           "the speed order holds on 2 x H200 with the same levers ({z1_tps}, {z2_tps}, {z3_tps} tokens/s per GPU), "
-          "the memory order does not: the peaks were {z1_peak}, {z2_peak} and {z3_peak} GiB.", "{z1_peak} / {z2_peak} / {z3_peak} GiB; {z1_tps} / {z2_tps} / {z3_tps} "
+          "the memory order does not: the peaks were {z1_peak}, {z2_peak} and {z3_peak} GiB.",
+          "{z1_peak} / {z2_peak} / {z3_peak} GiB; {z1_tps} / {z2_tps} / {z3_tps} "
           "tokens/s", (run_a("labs-zero1", "z1"), run_a("labs-zero2", "z2"), run_a("labs-zero3", "z3"))),
     Claim("000", "6.2", "ZeRO-3 in fp16 needs 42 GB and trains at 1600 tokens/s, against 68 GB and 900 for ZeRO-3.",
           "not checkable here",
@@ -169,8 +176,8 @@ CLAIMS = [
     Claim("000", "7", "ZeRO++ brings quantized communication, hierarchical parameter management (smarter CPU/GPU "
           "scheduling) and asynchronous updates.", "partly",
           "one of three holds: DeepSpeed's config lists quantized weights and gradients ({quantized}, {gradients}) "
-          "and hpZ "
-          "({hpz}), a secondary parameter partition in GPU memory, not CPU/GPU scheduling; there is no asynchronous "
+          "and hpZ ({hpz}), a secondary parameter partition in GPU memory, not CPU/GPU scheduling; there is no "
+          "asynchronous "
           "update.", "ZeRO++'s keys: {hpz}, {quantized}, {gradients}",
           (Read(CH6, "8. The source tutorials' claims", r"^(zero_hpz_partition_size)\s", ("hpz",)),
            Read(CH6, "8. The source tutorials' claims", r"^(zero_quantized_weights)\s", ("quantized",)),
