@@ -17,7 +17,7 @@ LOSS ?= $(if $(filter 1,$(GPU)),liger,hf)
 KERNELS ?= $(if $(filter 1,$(GPU)),liger,stock)
 CHECKPOINTING ?= $(if $(filter 1,$(GPU)),full,none)
 
-.PHONY: train test unit notebooks book lab execute clean
+.PHONY: train test unit notebooks book browser lab execute clean
 
 $(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,10 +31,10 @@ train: $(STAMP)
 	$(VENV)/bin/labs train --preset $(PRESET) --config $(CONFIG) --steps $(STEPS) --out $(OUT) \
 	  --loss $(LOSS) --kernels $(KERNELS) --activation-checkpointing $(CHECKPOINTING) $(if $(NPROC),--nproc $(NPROC))
 
-test: $(STAMP) unit notebooks book
+test: $(STAMP) unit notebooks book browser
 
 unit: $(STAMP)
-	$(PY) -m pytest tests -q
+	$(PY) -m pytest tests -q --ignore=tests/browser
 
 notebooks: $(STAMP)
 	$(PY) -m pytest --nbval-lax notebooks -q -p no:cacheprovider
@@ -42,6 +42,9 @@ notebooks: $(STAMP)
 book: $(STAMP)
 	rm -rf book/_build
 	$(VENV)/bin/jupyter-book build -W --keep-going book/
+
+browser: book   # the built book and JupyterLab in headless Chromium (/usr/bin/chromium); skips, saying why, without one
+	$(PY) -m pytest tests/browser -q
 
 execute: $(STAMP)   # re-run chapters in place (NOTEBOOKS="notebooks/01_memory_math.ipynb ..." for some)
 	$(PY) tools/execute_notebooks.py $(NOTEBOOKS)

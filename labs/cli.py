@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from labs import resolve
+from labs import multinode, resolve
 from labs.errors import LabsError, RankFailed, RunStopped, positive_float, positive_int
 
 EXAMPLES = """examples:
@@ -14,17 +14,26 @@ EXAMPLES = """examples:
   labs train --preset qwen2.5-7b --config zero3_offload_optimizer.json --nproc 1 --out runs/offload
   labs train --data corpus.jsonl --seq-len 512 --micro-batch 4 --grad-accum 8 --lr 1e-4
   labs memory --preset qwen2.5-7b --stage 3 --gpus 2 --gpu-memory 80GiB
+  labs export runs/long models/long                   a Hugging Face folder (from_pretrained) of the last checkpoint
   labs bench --preset qwen2.5-7b --cases stock-zero3,labs-zero3 --out results/gpu/mine.json
   labs env
 """
 TRAIN_EXAMPLES = """examples:
   labs train                                   the tiny preset, zero3.json, 2 CPU ranks (all GPUs on a GPU host)
   labs train --config zero2.json --steps 100 --out runs/zero2
+  labs train --steps 100 --save-every 20 --out runs/long     then, after a crash: labs train --resume runs/long
+  labs train --resume runs/long --nproc 1                    the same run on 1 rank (universal checkpoint)
   labs train --preset qwen2.5-7b --model-path /models/Qwen2.5-7B --data chat.jsonl --seq-len 2048 --lr 1e-5
   labs train --preset qwen2.5-7b --gpu-memory H100 --activation-checkpointing 8 --loss liger --kernels liger
+  labs train --nnodes 2 --node-rank 0 --rdzv-endpoint node0:29500 --nproc 8 ...   on node0; --node-rank 1 on node1
+  labs train --hostfile hostfile --master-addr 10.0.0.1 --include "node0@node1"    DeepSpeed's launcher (pdsh)
+  labs train --slurm job.sbatch --nnodes 4 --nproc 8 --preset qwen2.5-7b ...       writes a Slurm batch script
+
+Several nodes: node 0 writes --out, node K writes --out.nodeK (its log, inputs, its ranks' errors).
 
 --out: a new folder, or a run folder labs wrote earlier (replaced only when the new run succeeds). An existing
-file, or a folder labs did not write, is refused. Ctrl-C stops every rank and keeps nothing.
+file, or a folder labs did not write, is refused. Ctrl-C stops every rank; a run that saved a complete
+checkpoint is kept, marked interrupted, for --resume.
 """
 
 
@@ -69,7 +78,42 @@ def _train_args(sub):
     p.add_argument("--gpu-memory", help="cap each rank's GPU memory, e.g. 80GiB or H100 (default: the whole GPU)")
     p.add_argument("--no-memory-check", dest="memory_check", action="store_false",
                    help="start even when labs.memory predicts far more memory than there is")
+    p.add_argument("--save-every", type=positive_int, metavar="N", help="write a checkpoint every N steps and at "
+                                                                         "the last (default: none)")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue RUN_DIR from its newest complete checkpoint (or the "
+                                                        "checkpoint folder named), with its settings except the flags "
+                                                        "given; --out defaults to RUN_DIR (default: a new run)")
+    p.add_argument("--instruments", type=lambda text: tuple(n for n in text.split(",") if n),
+                   default=("state_bytes",), help="comma-separated measurements besides training: state_bytes, "
+                                                  "comm, zero_buffers, state_dict, probe_logits, rank_env "
+                                                  "(default: state_bytes)")
     p.add_argument("--quiet", action="store_true", help="do not stream the ranks' output")
+    n = p.add_argument_group("several nodes (torchrun: --nnodes ...; DeepSpeed's launcher: --hostfile ...)")
+    n.add_argument("--nnodes", type=positive_int, help="nodes taking part; each runs this command (default: 1)")
+    n.add_argument("--node-rank", type=int, help="this node's rank, 0..nnodes-1 (0 on the rendezvous host)")
+    n.add_argument("--rdzv-endpoint", help="HOST:PORT of node 0, reachable from every node (torchrun)")
+    n.add_argument("--rdzv-timeout", type=positive_int, default=multinode.DEFAULT_RDZV_TIMEOUT_S,
+                   help="seconds a node waits for the others before giving up (default: "
+                        f"{multinode.DEFAULT_RDZV_TIMEOUT_S})")
+    n.add_argument("--hostfile", help="DeepSpeed hostfile, one 'HOST slots=N' per line: run DeepSpeed's launcher")
+    n.add_argument("--include", default="", help="DeepSpeed's NODE[:SLOT,...][@NODE...]: only these")
+    n.add_argument("--exclude", default="", help="DeepSpeed's NODE[:SLOT,...][@NODE...]: all but these")
+    n.add_argument("--master-addr", help="address of the hostfile's first host, where rank 0 runs (DeepSpeed)")
+    n.add_argument("--master-port", type=positive_int, default=multinode.DEFAULT_PORT,
+                   help=f"(DeepSpeed, Slurm; default: {multinode.DEFAULT_PORT})")
+    n.add_argument("--slurm", metavar="FILE", help="write a Slurm batch script that runs this command on --nnodes "
+                                                   "nodes of --nproc GPUs, then exit (nothing is trained here)")
+    return p
+
+
+def _export_args(sub):
+    p = sub.add_parser("export", help="write a run's checkpoint as a Hugging Face model folder",
+                       description="Consolidate a checkpoint's ZeRO partitions (zero_to_fp32) and write config.json, "
+                                   "safetensors and the tokenizer, for transformers' from_pretrained.")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run folder written with --save-every (or a checkpoint in it)")
+    p.add_argument("out_dir", metavar="OUT_DIR", help="the model folder to write (new, or an earlier export)")
+    p.add_argument("--dtype", default="bf16", help="bf16 | fp16 | fp32: the weights' dtype on disk (default: bf16, "
+                                                   "what the run computed with; fp32: the master weights)")
 
 
 def _bench_args(sub):
@@ -97,38 +141,68 @@ def main(argv=None) -> int:
     parser = _Parser(prog="labs", description="zero-course labs: train Qwen-architecture models with DeepSpeed ZeRO",
                      epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
-    _train_args(sub)
+    train_parser = _train_args(sub)
+    _export_args(sub)
     _bench_args(sub)
     p = sub.add_parser("env", help="versions, GPUs, which DeepSpeed ops build here, and fixes for what is wrong")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     from labs.memory import cli as memory_cli
     memory_cli.add_parser(sub)
     try:
+        argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
         args = parser.parse_args(argv)
-        return _dispatch(args)
+        if args.command == "train" and args.resume is not None:
+            args.typed = _typed(train_parser, argv)
+        return _dispatch(args, argv)
     except LabsError as exc:
         print(f"labs: error: {exc}", file=sys.stderr)
         return 2
     except RankFailed as exc:
         print(f"labs: {exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("labs: interrupted: every process of the run was stopped; no run folder was kept", file=sys.stderr)
+    except KeyboardInterrupt as exc:
+        kept = getattr(exc, "kept", "") or "no run folder was kept"
+        print(f"labs: interrupted: every process of the run was stopped; {kept}", file=sys.stderr)
         return 130
     except RunStopped as exc:
-        print(f"labs: {exc}: every process of the run was stopped; no run folder was kept", file=sys.stderr)
+        kept = getattr(exc, "kept", "") or "no run folder was kept"
+        print(f"labs: {exc}: every process of the run was stopped; {kept}", file=sys.stderr)
         return 128 + exc.signum
 
 
-def _dispatch(args) -> int:
+def _typed(train_parser, argv) -> set:
+    """The train options the user typed (a resumed run takes the others from the run it resumes, not from the
+    defaults): the same command line parsed again with every default suppressed."""
+    for action in train_parser._actions:
+        action.default = argparse.SUPPRESS
+    return set(vars(train_parser.parse_args(argv[argv.index("train") + 1:])))
+
+
+def _dispatch(args, argv) -> int:
     if args.command == "train":
+        if args.slurm:
+            return _write_slurm(args, argv)
+        nodes = multinode.from_flags(**{k: getattr(args, k) for k in multinode.FLAGS})
         from labs import launch
 
-        options = {k: v for k, v in vars(args).items() if k not in ("command", "quiet")}
-        run = launch.run(stream=not args.quiet, **options)
+        typed = getattr(args, "typed", None)
+        options = {k: v for k, v in vars(args).items() if k not in ("command", "quiet", "typed", "slurm",
+                                                                     *multinode.FLAGS)
+                   and (typed is None or k in typed)}
+        run = launch.run(stream=not args.quiet, nodes=nodes, **options)
+        if not (run.path / "summary.json").exists():     # a node > 0: global rank 0 wrote node 0's folder
+            print(f"done: node {nodes.node_rank}'s ranks finished; metrics and summary are in node 0's --out; "
+                  f"this node's log and inputs: {run.path}")
+            return 0
         s = run.summary
         print(f"done: {s['steps']} steps, loss {s['first_loss']:.3f} -> {s['final_loss']:.3f} (mean of last 5), "
               f"{s['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU ({s['timing']}), run folder {run.path}")
+        return 0
+    if args.command == "export":
+        from labs import export
+
+        folder = export.to_hf(args.run_dir, args.out_dir, dtype=args.dtype)
+        print(f"exported {folder.source} as {args.dtype} to {folder.path}: {folder.summary}")
         return 0
     if args.command == "bench":
         from labs import bench
@@ -162,6 +236,18 @@ def _dispatch(args) -> int:
 
         return memory_cli.run(args)
     raise LabsError(f"unknown command {args.command}")
+
+
+def _write_slurm(args, argv) -> int:
+    from pathlib import Path
+
+    if not args.nnodes or not args.nproc:
+        raise LabsError("--slurm needs --nnodes (nodes to ask for) and --nproc (GPUs per node)")
+    script = multinode.slurm_script(args.nnodes, args.nproc, multinode.slurm_train_args(argv[1:]),
+                                    port=args.master_port, workdir=str(Path.cwd()))
+    Path(args.slurm).write_text(script)
+    print(f"wrote {args.slurm}: submit it with `sbatch {args.slurm}`")
+    return 0
 
 
 if __name__ == "__main__":

@@ -150,19 +150,21 @@ def pack(tokens: torch.Tensor, seq_len: int) -> torch.Tensor:
     return tokens[: n_rows * seq_len].view(n_rows, seq_len)
 
 
-def rank_batches(rows: torch.Tensor, micro_batch: int, rank: int, world_size: int, seed: int):
+def rank_batches(rows: torch.Tensor, micro_batch: int, rank: int, world_size: int, seed: int, start: int = 0):
     """Endless micro-batches for one rank. Each epoch reshuffles all rows with `seed + epoch`
     (the same permutation on every rank) and deals row i to rank i % world_size, so ranks never
-    overlap and a run is reproducible from its seed."""
+    overlap and a run is reproducible from its seed. Micro-batch k of every rank together are rows
+    k*B ... (k+1)*B-1 of the permutation (B = micro_batch x world_size), so 2 ranks of 2 and 1 rank of 4 see the
+    same rows. `start`: skip that many micro-batches (a resumed run continues where the checkpoint stopped)."""
     per_rank = rows.shape[0] // world_size
     batches_per_epoch = per_rank // micro_batch
     if batches_per_epoch == 0:
         raise LabsError(f"{rows.shape[0]} sequences cannot fill one micro-batch of {micro_batch} "
                         f"on each of {world_size} ranks: use more data or a shorter --seq-len")
-    epoch = 0
+    epoch, first = divmod(start, batches_per_epoch)
     while True:
         order = torch.randperm(rows.shape[0], generator=torch.Generator().manual_seed(seed + epoch))
         mine = order[rank::world_size][: batches_per_epoch * micro_batch]
-        for i in range(batches_per_epoch):
+        for i in range(first, batches_per_epoch):
             yield rows[mine[i * micro_batch:(i + 1) * micro_batch]]
-        epoch += 1
+        epoch, first = epoch + 1, 0

@@ -7,6 +7,8 @@ and publish the run folder only when every rank finished.
 
 Without a GPU it starts 2 CPU ranks (gloo, DS_ACCELERATOR=cpu); with GPUs, one rank per GPU (NCCL).
 `prepare` does every check that needs no rank; bad input raises LabsError before anything is written.
+Several nodes: `nodes=` a labs.multinode.Nodes (torchrun's rendezvous or DeepSpeed's hostfile); see that module for
+which folder each node writes.
 """
 from __future__ import annotations
 
@@ -20,29 +22,45 @@ from pathlib import Path
 import torch
 
 from labs import config as config_lib
-from labs import data, models, preflight, resolve, runfolder, supervisor
+from labs import data, models, multinode, preflight, rendezvous, resolve, runfolder, supervisor
 from labs import env as env_lib
-from labs.errors import LabsError, RankFailed, check_choice
+from labs import resume as resume_lib
+from labs.errors import LabsError, RankFailed, RunStopped, check_choice
 from labs.memory.units import parse_bytes
 from labs.runfolder import Run
 
 ENGINES = resolve.ENGINES
 # What the rank loop can measure besides training (labs.instruments): the engine's tensors after the last backward,
-# the bytes every collective moves, ZeRO's working buffers, a checkpoint's format. Named here so bad names fail
-# before any rank starts.
-INSTRUMENTS = ("state_bytes", "comm", "zero_buffers", "state_dict")
+# the bytes every collective moves, ZeRO's working buffers, a checkpoint's format, the ready engine's logits, the
+# environment each rank got. Named here so bad names fail before any rank starts.
+INSTRUMENTS = ("state_bytes", "comm", "zero_buffers", "state_dict", "probe_logits", "rank_env")
 GPU_ONLY = {"loss": "liger", "kernels": "liger"}       # Liger's Triton kernels
 
 
-def prepare(preset="tiny", config=resolve.DEFAULT_CONFIG, steps=30, out="runs/demo", nproc=None, model_path=None,
-            seed=0, micro_batch=None, grad_accum=None, seq_len=None, lr=None, data_path=None, loss="hf",
-            activation_checkpointing="none", warmup_steps=2, engine=None, stock=False, kernels="stock",
-            precision=None, instruments=("state_bytes",), gpu_memory=None, memory_check=True, compile=False,
-            sdpa="default", fp8=False):
-    """Check every input before anything is written; return (spec, resolved DeepSpeed config).
-    `instruments` names what the rank loop measures besides training (INSTRUMENTS); `gpu_memory` caps each rank's
-    GPU memory (e.g. "80GiB" or "H100": an H200 then behaves as an 80 GB card). `engine` None: FSDP2 when the
-    config has an "fsdp" block, else DeepSpeed (labs.resolve.engine)."""
+def prepare(resume=None, **options):
+    """Check every input before anything is written; return (spec, resolved DeepSpeed config). `options` are
+    `inputs`' keyword arguments. With `resume` (a run folder, or one of its checkpoints) the run continues that
+    run from its newest complete checkpoint: what `options` leaves out comes from the run (labs.resume), and
+    another --nproc or ZeRO stage loads it through DeepSpeed's universal checkpoint."""
+    if resume is None:
+        return inputs(**options)
+    spec, resolved = inputs(**resume_lib.options(resume, options))
+    spec["resume"] = resume_lib.plan(resume, spec, resolved)
+    if spec["resume"]["universal"]:
+        resolved["checkpoint"] = {**resolved.get("checkpoint", {}), "load_universal": True}
+    return spec, resolved
+
+
+def inputs(preset="tiny", config=resolve.DEFAULT_CONFIG, steps=30, out="runs/demo", nproc=None, model_path=None,
+           seed=0, micro_batch=None, grad_accum=None, seq_len=None, lr=None, data_path=None, loss="hf",
+           activation_checkpointing="none", warmup_steps=2, engine=None, stock=False, kernels="stock",
+           precision=None, instruments=("state_bytes",), gpu_memory=None, memory_check=True, compile=False,
+           sdpa="default", fp8=False, save_every=None, nodes=None):
+    """The checks and the spec of a new run. `instruments` names what the rank loop measures besides training
+    (INSTRUMENTS); `gpu_memory` caps each rank's GPU memory (e.g. "80GiB" or "H100": an H200 then behaves as an
+    80 GB card); `engine` None: FSDP2 when the config has an "fsdp" block, else DeepSpeed (labs.resolve.engine);
+    `save_every` writes a checkpoint every that many steps and at the last (labs.checkpoint). `nodes`: a
+    labs.multinode.Nodes, or None for this host alone."""
     models.check_preset(preset)
     check_choice("loss", loss, models.LOSSES)
     check_choice("kernels", kernels, models.KERNELS)
@@ -56,6 +74,8 @@ def prepare(preset="tiny", config=resolve.DEFAULT_CONFIG, steps=30, out="runs/de
             preflight.check_positive(flag, value)
     if lr is not None:
         preflight.check_positive("--lr", lr, kind=float)
+    if save_every is not None:
+        preflight.check_positive("--save-every", save_every)
     if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
         raise LabsError(f"--seed must be a non-negative integer, not {seed!r}")
     if not isinstance(warmup_steps, int) or warmup_steps < 0:
@@ -65,10 +85,17 @@ def prepare(preset="tiny", config=resolve.DEFAULT_CONFIG, steps=30, out="runs/de
         if value == GPU_ONLY[option] and not on_gpu:
             raise LabsError(f"--{option} {value}: Liger's Triton kernels need an NVIDIA GPU; on a CPU use "
                             f"--{option} {'chunked' if option == 'loss' else 'stock'}")
+    if nodes is not None and nodes.launcher == "deepspeed":     # the hostfile's slots are the ranks per node
+        if nproc is not None and nproc != multinode.slots_per_host(nodes):
+            raise LabsError(f"--nproc {nproc} but the hostfile gives {multinode.slots_per_host(nodes)} slots per host")
+        nproc = multinode.slots_per_host(nodes)
+    out = multinode.node_out(out, nodes.node_rank if nodes else None)
     runfolder.check_out(Path(out))
     raw = config_lib.load(config)
     preflight.check_top_level_keys(raw, config_lib.find(config))
     engine = resolve.engine(raw, engine)
+    if save_every is not None and engine != "deepspeed":
+        raise LabsError("--save-every: labs checkpoints DeepSpeed runs; drop it or use a DeepSpeed config")
     if fp8 and (engine != "fsdp2" or not on_gpu):
         raise LabsError("fp8 (torchao float8 training) runs with --engine fsdp2 on a GPU with fp8 tensor cores")
     dims = models.shape(preset)
@@ -77,7 +104,8 @@ def prepare(preset="tiny", config=resolve.DEFAULT_CONFIG, steps=30, out="runs/de
         dims = preflight.check_model_folder(Path(model_path))
     models.checkpointed_layers(activation_checkpointing, dims["num_hidden_layers"])
     nproc = nproc or (torch.cuda.device_count() if on_gpu else 2)
-    resolved = resolve.ds_config(raw, world_size=nproc, dims=dims, steps=steps, on_gpu=on_gpu, preset=preset,
+    world_size = nodes.world_size(nproc) if nodes else nproc
+    resolved = resolve.ds_config(raw, world_size=world_size, dims=dims, steps=steps, on_gpu=on_gpu, preset=preset,
                                  micro_batch=micro_batch, grad_accum=grad_accum, lr=lr, precision=precision,
                                  engine=engine)
     preflight.check_ds_config(resolved, config_lib.find(config))
@@ -87,30 +115,36 @@ def prepare(preset="tiny", config=resolve.DEFAULT_CONFIG, steps=30, out="runs/de
     gpu_memory_bytes = parse_bytes(gpu_memory) if gpu_memory is not None else None
     if memory_check:
         preflight.check_hardware(nproc, on_gpu, seq_len, dims, dict(
-            dims=dims, gpus_per_node=nproc, seq_len=seq_len, loss=loss, kernels=kernels, engine=engine,
-            activation_checkpointing=activation_checkpointing, ds_config=resolved), gpu_memory_bytes)
+            dims=dims, gpus_per_node=nproc, nodes=nodes.nnodes if nodes else 1, seq_len=seq_len, loss=loss,
+            kernels=kernels, engine=engine, activation_checkpointing=activation_checkpointing, ds_config=resolved),
+            gpu_memory_bytes)
     if data_path is not None:
         data_path = str(Path(data_path).resolve())
-    data.check_enough_tokens(data_path, nproc * resolved["train_micro_batch_size_per_gpu"], seq_len)
+    data.check_enough_tokens(data_path, world_size * resolved["train_micro_batch_size_per_gpu"], seq_len)
     spec = dict(preset=preset, config=str(config_lib.find(config)), steps=steps, seed=seed, nproc=nproc,
                 model_path=model_path, seq_len=seq_len, data=data_path, loss=loss, dims=dims,
                 activation_checkpointing=str(activation_checkpointing), warmup_steps=warmup_steps, engine=engine,
                 stock=stock, kernels=kernels, instruments=list(instruments), gpu_memory_bytes=gpu_memory_bytes,
                 compile=bool(compile), sdpa=sdpa, fp8=bool(fp8),
-                precision=config_lib.precision(resolved), out=str(Path(out)))
+                precision=config_lib.precision(resolved), out=str(Path(out)), save_every=save_every)
+    if nodes is not None:
+        spec["nodes"] = nodes.record()
+        rendezvous.check_endpoint(nodes)     # last: a node > 0 may wait here (bounded) for node 0
     return spec, resolved
 
 
-def run(out="runs/demo", stream=True, **kwargs) -> Run:
+def run(stream=True, **kwargs) -> Run:
     """Launch a training run (all keyword arguments of `prepare`) and wait for it. Raises LabsError for bad
     input (nothing written), RankFailed naming the rank that failed first, KeyboardInterrupt or RunStopped when
-    interrupted (every process of the run stopped, nothing kept)."""
-    spec, resolved = prepare(out=out, **kwargs)
+    interrupted (every process of the run stopped). A failed run keeps nothing, unless it saved a complete
+    checkpoint: then it is published marked interrupted, and the error says how to resume it."""
+    spec, resolved = prepare(**kwargs)
     spec["progress"] = "bar" if sys.stdout.isatty() else "lines"
-    with runfolder.claim(Path(out)) as work:
+    out = Path(spec["out"])              # this node's folder (multinode.node_out)
+    with runfolder.claim(out) as work:
         env, repairs = env_lib.repaired_environment(spec["nproc"], config_lib.offloads(resolved)["optimizer"] == "cpu")
         env = _with_labs_importable(env)
-        command = launcher_command(spec["nproc"], work)
+        command = launcher_command(spec["nproc"], work, kwargs.get("nodes"))
         (work / "run.json").write_text(json.dumps(spec, indent=1) + "\n")
         (work / "ds_config.json").write_text(json.dumps(resolved, indent=1) + "\n")
         (work / "command.txt").write_text(shlex.join(command) + "\n")
@@ -128,17 +162,35 @@ def run(out="runs/demo", stream=True, **kwargs) -> Run:
         if building:
             print(f"labs: this is the first run here that needs DeepSpeed's {', '.join(building)} op: it compiles "
                   f"now (about a minute each, once; cached in {env_lib.extensions_dir()})", flush=True)
+        if spec.get("resume"):
+            resume_lib.prepare_work(spec, work)
         oom_before = supervisor.oom_kills()
-        code = supervisor.run(command, env, work / "launch.log", echo=stream)
+        try:
+            code = supervisor.run(command, env, work / "launch.log", echo=stream)
+        except (KeyboardInterrupt, RunStopped) as stop:
+            stop.kept = resume_lib.keep_interrupted(work, out, str(stop) or "interrupted (Ctrl-C)")
+            raise
         if code != 0:
-            raise RankFailed(supervisor.failure_message(work, code, oom_before))
-        runfolder.publish(work, Path(out))
+            unmet = rendezvous.rendezvous_failure((work / "launch.log").read_text(errors="replace"))
+            if unmet and kwargs.get("nodes") and not list(work.glob("rank*.err")):
+                raise LabsError(f"{unmet}; launcher exit code {code}, nothing kept")
+            first, _, trace = supervisor.failure_message(work, code, oom_before).partition("\n")
+            if kwargs.get("nodes"):
+                first += " (several nodes: a rank elsewhere may have failed first; see each node's output)"
+            kept = resume_lib.keep_interrupted(work, out, first)
+            raise RankFailed(f"{first}; {kept}\n{trace}".rstrip() if kept else f"{first}\n{trace}".rstrip())
+        resume_lib.finish(work)
+        runfolder.publish(work, out)
     return Run(out)
 
 
-def launcher_command(nproc: int, run_dir: Path) -> list[str]:
-    """torchrun, one host. --standalone: torchrun's own rendezvous on a port it holds open, so concurrent launches
-    never collide."""
+def launcher_command(nproc: int, run_dir: Path, nodes=None) -> list[str]:
+    """One host: torchrun --standalone (its own rendezvous on a port it holds open, so concurrent launches never
+    collide). Several nodes: torchrun's static rendezvous, or DeepSpeed's runner with the hostfile (multinode)."""
+    if nodes is not None:
+        if nodes.launcher == "deepspeed":
+            return multinode.deepspeed_command(nodes, run_dir)
+        return multinode.torchrun_command(nodes, nproc, run_dir)
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
             "-m", "labs.rank", str(run_dir)]
 

@@ -109,12 +109,14 @@ class StepLog:
     the progress people watch: a tqdm bar in a terminal, or a line every tenth of the run where carriage returns
     do not render (notebooks, logs)."""
 
-    def __init__(self, path: Path, steps: int, mode: str):
+    def __init__(self, path: Path, steps: int, mode: str, start: int = 0):
+        """`start`: steps a resumed run has behind it; their records are already in `path` and are kept."""
         from tqdm import tqdm
 
-        self.file, self.steps, self.lines, self.records = open(path, "w"), steps, mode == "lines", []
-        self.bar = tqdm(total=steps, desc="train", unit="step", disable=self.lines, file=sys.stderr, mininterval=1,
-                        ncols=100)
+        self.records = read_jsonl(path)[:start] if start else []
+        self.file, self.steps, self.lines = open(path, "a" if start else "w"), steps, mode == "lines"
+        self.bar = tqdm(total=steps, initial=start, desc="train", unit="step", disable=self.lines, file=sys.stderr,
+                        mininterval=1, ncols=100)
 
     def write(self, record: dict):
         self.file.write(json.dumps(record) + "\n")

@@ -21,7 +21,7 @@ if __name__ == "__main__":
     run_dir = Path(sys.argv[1])
     try:
         spec = json.loads((run_dir / "run.json").read_text())
-        train.main(run_dir, instruments.build(spec["instruments"]))
+        train.main(run_dir, instruments.build(spec["instruments"], run_dir, spec))
     except BaseException:
         (run_dir / f"rank{os.environ.get('RANK', '0')}.err").write_text(traceback.format_exc())
         raise

@@ -5,7 +5,9 @@
 
 A finished folder holds run.json (the resolved inputs), ds_config.json (the resolved DeepSpeed config),
 command.txt, environment.json, launch.log, metrics.jsonl (one line per optimizer step), summary.json, and the
-marker `.labs-run` that says labs wrote it. The rules that keep a user's files safe:
+marker `.labs-run` that says labs wrote it; with --save-every, checkpoints/ (labs.checkpoint). A run that failed
+after saving a complete checkpoint is kept for --resume, marked by interrupted.json instead of summary.json
+(labs.resume). The rules that keep a user's files safe:
 - `--out` may name nothing yet, or a run folder labs wrote (it is replaced when the new run succeeds). Anything
   else (a file, a folder of other things) is refused before any rank starts.
 - While a run works, it holds a lock beside the target (`.NAME.lock`): a second run with the same `--out` is told
@@ -29,7 +31,7 @@ from labs.errors import LabsError
 MARKER = ".labs-run"
 # What a labs run folder holds (folders written before the marker existed are recognised by these names alone).
 KNOWN = {MARKER, "run.json", "ds_config.json", "command.txt", "environment.json", "launch.log", "metrics.jsonl",
-         "summary.json", "checkpoints", "configs"}
+         "summary.json", "checkpoints", "configs", "interrupted.json", "resumed.json", "probe_logits.pt"}
 
 
 @dataclass
@@ -59,6 +61,12 @@ class Run:
     @property
     def losses(self) -> list[float]:
         return [m["loss"] for m in self.metrics]
+
+    @property
+    def interrupted(self) -> dict | None:
+        """Why and where a run that failed after saving a checkpoint stopped (labs.resume), else None."""
+        path = self.path / "interrupted.json"
+        return json.loads(path.read_text()) if path.is_file() else None
 
 
 def is_run_folder(path: Path) -> bool:

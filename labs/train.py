@@ -17,13 +17,16 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from labs import data, fsdp, metrics, models
+from labs import checkpoint, data, fsdp, metrics, models
 
 
 class Instrument:
     """A measurement a chapter hooks into the loop. Each method is one moment of a run; an instrument overrides
-    the moments it needs. `summary()` returns what this rank found: summary.json gets a list, one entry per rank."""
+    the moments it needs. `summary()` returns what this rank found: summary.json gets a list, one entry per rank.
+    `run_dir` and `spec` (the run folder and its run.json) are set when the instrument is built for a run."""
     name = "instrument"
+    run_dir = None
+    spec = None
 
     def before_engine(self):                  # before any process group or engine exists
         pass
@@ -55,6 +58,7 @@ def main(run_dir: Path, instruments: list[Instrument] = ()):
     for instrument in instruments:
         instrument.before_engine()
     engine = build_engine(spec, ds_config, device)
+    done = checkpoint.restore(engine, spec, run_dir)          # optimizer steps a resumed run has behind it (else 0)
     for instrument in instruments:
         instrument.after_engine(engine)
     # Model states (+ DeepSpeed's persistent buffers) before any activation exists: the static part of the peak.
@@ -62,10 +66,12 @@ def main(run_dir: Path, instruments: list[Instrument] = ()):
 
     accumulation = ds_config["gradient_accumulation_steps"]
     rows = data.pack(data.corpus_tokens(spec["data"]), spec["seq_len"])
-    batches = data.rank_batches(rows, ds_config["train_micro_batch_size_per_gpu"], rank, world_size, spec["seed"])
+    batches = data.rank_batches(rows, ds_config["train_micro_batch_size_per_gpu"], rank, world_size, spec["seed"],
+                                start=done * accumulation)
     meter = metrics.Meter(spec, ds_config, world_size, device)
-    log = metrics.StepLog(run_dir / "metrics.jsonl", spec["steps"], spec.get("progress", "bar")) if rank == 0 else None
-    for step in range(1, spec["steps"] + 1):
+    log = metrics.StepLog(run_dir / "metrics.jsonl", spec["steps"], spec.get("progress", "bar"), start=done) \
+        if rank == 0 else None
+    for step in range(done + 1, spec["steps"] + 1):
         for instrument in instruments:
             instrument.step_begin()
         _sync(device)
@@ -88,6 +94,7 @@ def main(run_dir: Path, instruments: list[Instrument] = ()):
         losses, peaks = _gather_floats([loss.item(), float(metrics.peak_memory_bytes()[0])], device, world_size)
         if log:
             log.write(meter.step_record(step, seconds, losses, peaks, lr, engine, mine))
+        checkpoint.save_if_due(engine, step, spec, run_dir)
     for instrument in instruments:
         instrument.finished(engine)
     per_rank = _gather_objects(dict(allocated_after_init=allocated_after_init,

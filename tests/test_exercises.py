@@ -14,9 +14,13 @@ from labs.course import exercises
     ("01.2", "optimizer_step", "loss_backward"),    # with activations small, the fp32 copy of the update decides
     ("01.5", 18 * 7_615_616_512 / 1e9, 12 * 7_615_616_512 / 1e9),   # fp32 grads and ZeRO-3's bf16 ones go too
     ("08.1", 16 * 4 * 8, 4 * 8),                    # HF multiplies by the ranks too
-    ("08.2", 250, 1000),                            # accelerate divides by the processes
-    ("08.3", 9_822_784, 9_822_784 // 2),            # ZeRO-2 keeps every parameter on every rank
-    ("08.4", 2 ** -5, 2 ** -4),                     # half a bf16 step, not a whole one
+    ("08.2", 4000, 1000),                           # accelerate divides by the processes: multiply first
+    ("08.3", 1, 2),                                 # the first step's 0 is DeepSpeed's, not the warm-up's
+    ("08.4", 2 ** -7, 2 ** -6),                     # half a bf16 step near 2.7, not a whole one
+    ("05.1", 0.766, 0.383),                          # 28 layers x 2 x 3584 bytes x 4096 tokens, not one byte each
+    ("05.2", 91.4, 106.6),                           # 12 bytes per parameter, not ZeRO-2's 14
+    ("05.3", 150, 0),
+    ("05.4", 23.0, 33.3),                            # early stop: not the textbook "one more forward"
 ])
 def test_checkers_accept_the_answer_and_reject_others(id, right, wrong, capsys):
     assert exercises.check(id, None) is False and "not answered yet" in capsys.readouterr().out

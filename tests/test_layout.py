@@ -9,10 +9,11 @@ LABS = Path(__file__).resolve().parent.parent / "labs"
 # Bottom to top. A module may import its own layer's modules or any layer below, never one above.
 LAYERS = [
     ("core", ["labs", "labs.errors", "labs.table", "labs.env", "labs.config", "labs.models", "labs.resolve",
-              "labs.data", "labs.metrics", "labs.runfolder", "labs.supervisor", "labs.fsdp", "labs.train"]),
+              "labs.data", "labs.metrics", "labs.runfolder", "labs.supervisor", "labs.multinode", "labs.rendezvous",
+              "labs.network", "labs.checkpoint", "labs.fsdp", "labs.train"]),
     ("memory", ["labs.memory"]),
     # The launcher asks the memory model whether a run can fit before starting any rank: it sits above it.
-    ("run", ["labs.preflight", "labs.launch"]),
+    ("run", ["labs.preflight", "labs.resume", "labs.launch", "labs.export"]),
     ("instruments", ["labs.instruments"]),
     ("bench", ["labs.bench"]),
     ("course", ["labs.course"]),

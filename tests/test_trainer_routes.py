@@ -1,13 +1,14 @@
-"""Chapter 8's routes: the data order HF's Trainer and accelerate see, bad input, the checks that grade the seed's
-snippets, and one real job: transformers.Trainer + DeepSpeed ZeRO-3 on 2 ranks (the `deepspeed` launcher), with a
-checkpoint halfway and a second Trainer resuming from it in the same job."""
+"""Chapter 8's routes: the data order HF's Trainer and accelerate see, bad input, the checks that grade the source
+tutorials' snippets, the learning-rate and tolerance rules, and one real job: transformers.Trainer + DeepSpeed ZeRO-3
+on 2 ranks (the `deepspeed` launcher), with a checkpoint halfway and a second Trainer resuming from it in the same
+job."""
 import json
 
 import pytest
 import torch
 
-from labs import CONFIGS, data, launch, models
-from labs.course import route_checks, routes, seed_snippets
+from labs import CONFIGS, config, data, launch, models
+from labs.course import route_checks, routes, tutorial_snippets
 from labs.course.route_batches import LabsOrder, dealt_batches
 from labs.errors import LabsError
 
@@ -43,7 +44,7 @@ BAD = [
     (dict(route="accelerate"), "needs accelerate_config"),
     (dict(route="accelerate", accelerate_config="nowhere.yaml"), "'nowhere.yaml' does not exist"),
     (dict(route="accelerate", accelerate_config="TMP/multi_gpu.yaml"), "distributed_type is 'MULTI_GPU'"),
-    (dict(route="accelerate", accelerate_config="TMP/four.yaml"), "num_processes is 4 but this run has 2 ranks"),
+    (dict(route="accelerate", accelerate_config="TMP/four.yaml"), "num_processes must be an integer"),
     (dict(route="accelerate", accelerate_config="TMP/no_file.yaml"), "deepspeed_config_file is missing"),
     (dict(route="accelerate", accelerate_config="TMP/comments.yaml"), "not valid JSON: line 1"),
     (dict(route="trainer", config="zero2_typo.json"), "config 'zero2_typo.json' does not exist"),
@@ -56,9 +57,9 @@ BAD = [
 @pytest.mark.parametrize("kwargs, message", BAD)
 def test_bad_input_is_one_labs_error_before_anything_is_written(tmp_path, kwargs, message):
     _yaml(tmp_path, "distributed_type: MULTI_GPU\nnum_processes: 2\n", "multi_gpu.yaml")
-    _yaml(tmp_path, "distributed_type: FSDP\nnum_processes: 4\n", "four.yaml")
+    _yaml(tmp_path, "distributed_type: FSDP\nnum_processes: four\n", "four.yaml")
     _yaml(tmp_path, "distributed_type: DEEPSPEED\nnum_processes: 2\n", "no_file.yaml")
-    (tmp_path / "c.json").write_text(seed_snippets.ZERO2_JSON.replace('"auto"', "2").replace("{\n", "{ // x\n", 1))
+    (tmp_path / "c.json").write_text(tutorial_snippets.ZERO2_JSON.replace('"auto"', "2").replace("{\n", "{ // x\n", 1))
     _yaml(tmp_path, f"distributed_type: DEEPSPEED\nnum_processes: 2\ndeepspeed_config:\n"
                     f"  deepspeed_config_file: {tmp_path / 'c.json'}\n", "comments.yaml")
     if "accelerate_config" in kwargs:
@@ -77,38 +78,55 @@ def test_launcher_commands(tmp_path):
     assert command[-3:] == ["--module", "labs.course.route_rank", str(tmp_path)]
     spec = routes.prepare("trainer", out=tmp_path / "t", launcher="torchrun")
     assert routes.launcher_command(spec, tmp_path)[1:3] == ["-m", "torch.distributed.run"]
-    spec = routes.prepare("accelerate", out=tmp_path / "a", accelerate_config="accelerate_configs/deepspeed_zero2.yaml")
+    spec = routes.prepare("accelerate", out=tmp_path / "a", nproc=1,
+                          accelerate_config="accelerate_configs/deepspeed_zero2.yaml")     # the YAML says 2
     spec["ds_config"] = "RUN/ds_config.json"
     command = routes.launcher_command(spec, tmp_path)
     assert spec["config"] == str(CONFIGS / "zero2.json")
     assert command[command.index("--deepspeed_config_file") + 1] == "RUN/ds_config.json"
+    assert command[command.index("--num_processes") + 1] == "1"          # the run's rank count, over the YAML's
 
 
-def test_seed_json_with_comments_passes_hjson_not_json():
-    assert "line 17 column 28" in seed_snippets.json_error(seed_snippets.ZERO2_JSON)
-    assert seed_snippets.hjson_error(seed_snippets.ZERO2_JSON) is None
-    assert seed_snippets.json_error(seed_snippets.ZERO3_OFFLOAD_JSON) is not None
+def test_tutorial_json_with_comments_passes_hjson_not_json():
+    assert "line 17 column 28" in tutorial_snippets.json_error(tutorial_snippets.ZERO2_JSON)
+    assert tutorial_snippets.hjson_error(tutorial_snippets.ZERO2_JSON) is None
+    assert tutorial_snippets.json_error(tutorial_snippets.ZERO3_OFFLOAD_JSON) is not None
 
 
 def test_hf_fills_auto_and_refuses_what_disagrees():
-    zero2 = seed_snippets.without_comments(seed_snippets.ZERO2_JSON)
-    filled, error = seed_snippets.hf_fill(zero2, world_size=2, per_device_train_batch_size=4, fp16=True)
+    zero2 = tutorial_snippets.without_comments(tutorial_snippets.ZERO2_JSON)
+    filled, error = tutorial_snippets.hf_fill(zero2, world_size=2, per_device_train_batch_size=4, fp16=True)
     assert error is None and filled["train_batch_size"] == 8 and filled["optimizer"]["params"]["lr"] == 5e-5
-    assert "fp16.enabled=True vs hf fp16" in seed_snippets.hf_fill(zero2, per_device_train_batch_size=4)[1]
+    assert "fp16.enabled=True vs hf fp16" in tutorial_snippets.hf_fill(zero2, per_device_train_batch_size=4)[1]
     fixed = dict(zero2, train_batch_size=16)
-    assert "train_batch_size=16" in seed_snippets.hf_fill(fixed, per_device_train_batch_size=4, fp16=True)[1]
-    assert "unsupported operand" in seed_snippets.deepspeed_error(zero2)        # DeepSpeed itself fills no "auto"
-    assert seed_snippets.deepspeed_error(filled) is None
+    assert "train_batch_size=16" in tutorial_snippets.hf_fill(fixed, per_device_train_batch_size=4, fp16=True)[1]
+    assert "unsupported operand" in tutorial_snippets.deepspeed_error(zero2)        # DeepSpeed itself fills no "auto"
+    assert tutorial_snippets.deepspeed_error(filled) is None
     from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
 
-    seed_snippets.hf_fill(json.loads((CONFIGS / "zero3.json").read_text()), adam_beta2=0.95)
+    tutorial_snippets.hf_fill(json.loads((CONFIGS / "zero3.json").read_text()), adam_beta2=0.95)
     assert not is_deepspeed_zero3_enabled()      # no ZeRO-3 config left behind to reroute later model builds
 
 
 def test_bf16_rounding_and_accelerate_scheduler_rule():
-    assert route_checks.bf16_rounding(11.3) == 2.0 ** -5
+    assert route_checks.bf16_rounding(11.3) == 2.0 ** -5 and route_checks.bf16_rounding(2.7) == 2.0 ** -7
     assert float(torch.tensor(11.3 + 0.9 * 2.0 ** -5).bfloat16()) - 11.3 <= 2.0 ** -5
     assert route_checks.accelerate_scheduler_steps(16, 2) == 8 and route_checks.accelerate_scheduler_steps(9, 2) == 5
+    for steps, processes in ((8, 2), (1000, 4), (7, 3)):
+        passed = route_checks.dummy_scheduler_steps(steps, processes)
+        assert route_checks.accelerate_scheduler_steps(passed, processes) == steps
+
+
+def test_first_rates_are_zero_and_the_loss_moves_at_step_four(tmp_path):
+    """DeepSpeed's WarmupCosineLR gives step 1 rate 0 whatever the config; labs' warm-up from 0 gives step 2 rate 0;
+    so steps 1-3 compute on the initial weights. A warm-up from 0.1 leaves only DeepSpeed's zero."""
+    _, resolved = launch.prepare(preset="tiny", config="zero3.json", steps=8, nproc=2, out=tmp_path / "x", instruments=())
+    rates = route_checks.scheduled_rates(resolved, 8)
+    assert rates[:2] == [0.0, 0.0] and all(rate > 0 for rate in rates[2:])
+    assert route_checks.steps_on_initial_weights(rates) == 3
+    warm = route_checks.scheduled_rates(config.variant(resolved, {"scheduler.params.warmup_min_ratio": 0.1}), 8)
+    assert warm[0] == 0.0 and warm[1] > 0 and route_checks.steps_on_initial_weights(warm) == 2
+    assert route_checks.rounding_tolerances(rates, 1e-4) == [0.0] * 3 + [1e-3] * 5
 
 
 # ---------------------------------------------------------------------------------------------- one real job
@@ -121,13 +139,14 @@ def trainer_run(tmp_path_factory):
 
 def test_trainer_runs_on_two_ranks_with_zero3_partitions(trainer_run):
     assert [r["world_size"] for r in trainer_run.ranks] == [2, 2]
+    assert (trainer_run.path / "ds_config.json").is_file() and trainer_run.spec["ds_config"].endswith("ds_config.json")
     total = models.param_counts(models.shape("tiny"))["total"]
     assert all(r["param_elements"] == total for r in trainer_run.ranks)
     assert total <= sum(r["param_elements_held"] for r in trainer_run.ranks) < total * 1.001   # halves (+ padding)
     assert trainer_run.ds_config["zero_optimization"]["stage"] == 3
 
 
-def test_trainer_sees_labs_weights_batches_and_schedule(trainer_run):
+def test_trainer_sees_labs_weights_batches_and_schedule(trainer_run, tmp_path):
     """Step 1 (before any update) is a pure function of the initial weights and the batch: each rank's loss must
     equal the plain forward of labs.models.build's model on labs.data.rank_batches' first batch for that rank."""
     spec = trainer_run.spec
@@ -138,16 +157,11 @@ def test_trainer_sees_labs_weights_batches_and_schedule(trainer_run):
         batch = next(data.rank_batches(rows, spec["hyper"]["micro_batch"], rank, 2, spec["seed"]))
         with torch.no_grad():
             assert model(input_ids=batch, labels=batch).loss.item() == record["losses"][0]
-    _, resolved = launch.prepare(preset="tiny", config="zero3.json", steps=4)
-    from deepspeed.runtime.lr_schedules import WarmupCosineLR
-
-    optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=resolved["optimizer"]["params"]["lr"])
-    schedule = WarmupCosineLR(optimizer, **resolved["scheduler"]["params"])
-    expected = []
-    for _ in range(4):
-        schedule.step()
-        expected.append(optimizer.param_groups[0]["lr"])
-    assert [m["lr"] for m in trainer_run.metrics] == expected
+    _, resolved = launch.prepare(preset="tiny", config="zero3.json", steps=4, nproc=2, out=tmp_path / "x")
+    rates = route_checks.scheduled_rates(resolved, 4)       # the rate each step used, read before it (as labs)
+    assert [m["lr"] for m in trainer_run.metrics] == rates
+    # HF's own log shows the rate after the engine stepped the scheduler: the next step's (to 4 significant digits)
+    assert route_checks.trainer_logged_rates(trainer_run.path)[:3] == [float(f"{r:.4g}") for r in rates[1:4]]
 
 
 def test_resumed_trainer_repeats_every_loss_exactly(trainer_run):

@@ -19,24 +19,46 @@ def loss_curves(runs: dict, ax=None, title="training loss"):
     return ax
 
 
-def loss_gaps(runs: dict, reference, ax=None, floor=1e-6, title="|loss - reference loss| per step"):
-    """runs: {label: run}; each run's absolute loss difference from `reference` (which may be one of the runs) at
-    every step, on a symmetric-log axis (linear below `floor`) so that exact zeros, a bit-identical run, stay on
-    the plot."""
+def loss_and_rate(run, ax=None, title="loss and the learning rate each step used"):
+    """One run's loss per step, and on a second axis the learning rate each step's update used; the steps whose loss
+    was computed on the initial weights (every earlier update had rate 0) are shaded."""
     ax = ax or plt.subplots(figsize=(6, 3.5))[1]
-    base = {r["step"]: r["loss"] for r in reference.metrics}
-    for label, run in runs.items():
-        if run is reference:      # keeps its colour slot, so that this plot and loss_curves(runs) share colours
-            ax.plot([], [])
-            continue
+    steps, rates = [r["step"] for r in run.metrics], [r["lr"] for r in run.metrics]
+    initial = [s for s, earlier in zip(steps, (rates[:i] for i in range(len(rates)))) if not any(earlier)]
+    ax.axvspan(min(steps) - 0.5, max(initial) + 0.5, color="#ddd", label="loss on the initial weights")
+    ax.plot(steps, [r["loss"] for r in run.metrics], marker=".", color="C0", label="loss")
+    ax.set(xlabel="optimizer step", ylabel="loss (nats per token)", title=title)
+    rate_ax = ax.twinx()
+    rate_ax.plot(steps, rates, marker="s", markersize=3, color="C3", alpha=0.7, label="learning rate used")
+    rate_ax.set_ylabel("learning rate")
+    rate_ax.set_ylim(bottom=0)
+    lines, labels = [a + b for a, b in zip(ax.get_legend_handles_labels(), rate_ax.get_legend_handles_labels())]
+    ax.legend(lines, labels, fontsize=8, loc="lower left")
+    ax.grid(alpha=0.3)
+    return ax
+
+
+def pair_gaps(pairs: dict, ax=None, floor=1e-6, tolerances=None,
+              title="|loss difference| per step, one lever at a time"):
+    """pairs: {label: (run, reference)}; the absolute loss difference at every common step, on a symmetric-log axis
+    (linear below `floor`) so that exact zeros, bit-identical runs, stay on the plot. tolerances: {label: one bound
+    per step}, drawn dashed in the pair's colour where it is above 0."""
+    ax = ax or plt.subplots(figsize=(6, 3.5))[1]
+    for i, (label, (run, reference)) in enumerate(pairs.items()):
+        base = {r["step"]: r["loss"] for r in reference.metrics}
         steps = [r["step"] for r in run.metrics if r["step"] in base]
-        ax.plot(steps, [abs(r["loss"] - base[r["step"]]) for r in run.metrics if r["step"] in base], marker=".",
-                label=label)
+        ax.plot(steps, [abs(r["loss"] - base[r["step"]]) for r in run.metrics if r["step"] in base],
+                marker="ox^sv"[i % 5], markersize=5 + 2 * (len(pairs) - i), alpha=0.8, color=f"C{i}", label=label)
+        bound = (tolerances or {}).get(label)
+        if bound:
+            above = [(step, b) for step, b in zip(steps, bound) if b > 0]
+            if above:
+                ax.plot(*zip(*above), ls="--", color=f"C{i}", alpha=0.8, label=f"tolerance: {label}")
     ax.set_yscale("symlog", linthresh=floor)
     ax.set_ylim(bottom=0)
     ax.set(xlabel="optimizer step", ylabel="|difference| (nats per token)", title=title)
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize=8)
     return ax
 
 
@@ -75,9 +97,10 @@ def time_breakdown(rows: list[dict], labels: list[str], ax=None, title="where a 
 
 
 def predicted_vs_measured(measured: list[float], predicted: list[float], labels: list[str], ax=None, band=0.10,
-                          unit="GiB", title="peak memory: labs.memory versus measured"):
+                          unit="GiB", title="peak memory: labs.memory versus measured", label_off=0.05):
     """Scatter of predicted against measured values, the diagonal and a +-band (log axes when the values span
-    more than a factor of 20, as CPU MiB and GPU GiB do)."""
+    more than a factor of 20, as CPU MiB and GPU GiB do). Only the points further than `label_off` from the
+    diagonal are named (the rest would pile up on one another); the legend says how many points there are."""
     ax = ax or plt.subplots(figsize=(5, 5))[1]
     low, high = min(measured + predicted), max(measured + predicted)
     log = high / max(low, 1e-9) > 20
@@ -85,14 +108,17 @@ def predicted_vs_measured(measured: list[float], predicted: list[float], labels:
     ax.fill_between([low, top], [low * (1 - band), top * (1 - band)], [low * (1 + band), top * (1 + band)],
                     color="#2a7", alpha=0.12, label=f"within {band:.0%}")
     ax.plot([low, top], [low, top], color="#888", lw=1)
-    ax.scatter(measured, predicted, color="#2a7", zorder=3)
-    for x, y, label in zip(measured, predicted, labels):
-        ax.annotate(label, (x, y), fontsize=7, xytext=(3, -8), textcoords="offset points")
+    ax.scatter(measured, predicted, color="#2a7", zorder=3, label=f"{len(measured)} cases")
+    named = sorted((abs(y / x - 1), x, y, label) for x, y, label in zip(measured, predicted, labels)
+                   if x and abs(y / x - 1) > label_off)
+    for i, (_, x, y, label) in enumerate(named):
+        ax.annotate(label, (x, y), fontsize=7, xytext=(6, -10 - 9 * (i % 3)), textcoords="offset points",
+                    arrowprops=dict(arrowstyle="-", color="#999", lw=0.5))
     ax.set(xlabel=f"measured ({unit})", ylabel=f"predicted ({unit})", title=title, xlim=(low, top), ylim=(low, top))
     if log:
         ax.set(xscale="log", yscale="log")
     ax.grid(alpha=0.3, which="both")
-    ax.legend(loc="upper left")
+    ax.legend(loc="upper left", fontsize=8, title=f"named: off by more than {label_off:.0%}", title_fontsize=7)
     return ax
 
 
@@ -180,4 +206,69 @@ def held_bytes_pairs(rows: list[dict], ax=None, title="bytes each rank holds aft
     ax.set(ylabel="MiB on rank 0", title=title)
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=7)
+# ---------------------------------------------------------------------------------------------- checkpointing
+def recompute_tradeoff(measured: list[dict], predicted_7b: list[dict], ax=None,
+                       title="activation checkpointing: memory kept vs compute added"):
+    """The memory-versus-compute curve: for k checkpointed layers, the share of the decoder's saved activations
+    still kept against the FLOPs added per step. Measured on real layers (labs.course.recompute.measured_rows)
+    and, for a 7B model, from labs.memory and the FLOP formula (recompute.qwen7b_rows)."""
+    ax = ax or plt.subplots(figsize=(6, 3.8))[1]
+    x = [100 * r["extra_compute"] for r in measured]
+    ax.plot(x, [100 * r["saved_fraction"] for r in measured], marker="o", color="#2a7", label="tiny layers, measured")
+    for row, xi in zip(measured, x):
+        ax.annotate(f"k={row['k']}", (xi, 100 * row["saved_fraction"]), fontsize=7, xytext=(4, 2),
+                    textcoords="offset points")
+    base = predicted_7b[0]["decoder_bytes"]
+    ax.plot([100 * r["extra_compute"] for r in predicted_7b], [100 * r["decoder_bytes"] / base for r in predicted_7b],
+            marker="s", ls="--", color="#c62", label="Qwen-7B, labs.memory")
+    ax.set(xlabel="FLOPs added per step (% of the step without checkpointing)",
+           ylabel="saved activations kept (%)", title=title, ylim=(0, 105))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return ax
+
+
+def resumed_losses(runs: dict, checkpoint_step: int, reference: str, tolerance: float, axes=None,
+                   title="a crashed run, resumed and resharded"):
+    """runs: {label: Run}. Left, the loss per step of each, the checkpoint the resumed runs start from marked;
+    right, each run's |loss difference| from the `reference` run after the checkpoint (log scale: an identical
+    loss is drawn on the floor and labelled), with the tolerance."""
+    axes = axes if axes is not None else plt.subplots(1, 2, figsize=(11, 3.6))[1]
+    loss_curves(runs, ax=axes[0], title=title)
+    axes[0].axvline(checkpoint_step, color="#888", ls=":", lw=1)
+    floor = tolerance / 1e6
+    base = dict(zip((m["step"] for m in runs[reference].metrics), runs[reference].losses))
+    colors = {line.get_label(): line.get_color() for line in axes[0].get_lines()}
+    for label, run in runs.items():
+        if label == reference:
+            continue
+        steps = [m["step"] for m in run.metrics if m["step"] > checkpoint_step and m["step"] in base]
+        gaps = [max(abs(run.losses[s - 1] - base[s]), floor) for s in steps]
+        axes[1].plot(steps, gaps, marker="o", label=label, color=colors.get(label))
+        for s, gap in zip(steps, gaps):
+            if gap == floor:
+                axes[1].annotate("identical", (s, gap), fontsize=7, xytext=(-12, 6), textcoords="offset points")
+    axes[1].axhline(tolerance, color="#c62", ls="--", lw=1, label=f"tolerance {tolerance:g}")
+    axes[1].set(yscale="log", xlabel="optimizer step", ylabel=f"|loss - {reference}|",
+                title=f"after the checkpoint (step {checkpoint_step})", ylim=(floor / 3, tolerance * 30))
+    axes[1].xaxis.get_major_locator().set_params(integer=True)
+    axes[1].grid(alpha=0.3)
+    axes[1].legend(fontsize=8)
+    return axes
+
+
+def checkpoint_sizes(rows: list[dict], ax=None, title="bytes per parameter on disk"):
+    """Bars from labs.course.checkpoints.size_rows: measured bytes per parameter of each format, with chapter 1's
+    bytes per parameter marked."""
+    ax = ax or plt.subplots(figsize=(7, 3))[1]
+    rows = [r for r in rows if r["per_param"] is not None]
+    y = range(len(rows))
+    ax.barh(y, [r["per_param"] for r in rows], color="#2a7", label="measured")
+    ax.scatter([r["expected_per_param"] for r in rows], y, color="black", marker="|", s=300, zorder=3,
+               label="expected (chapter 1's bytes per parameter)")
+    ax.set_yticks(list(y), [r["format"] for r in rows], fontsize=8)
+    ax.invert_yaxis()
+    ax.set(xlabel="bytes per parameter", title=title)
+    ax.grid(axis="x", alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right")
     return ax

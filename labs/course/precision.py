@@ -3,9 +3,9 @@ formats can hold (torch.finfo and the bit patterns themselves), real casts of re
 16-bit format fails a training run:
 
 - range: a value above the largest finite number becomes inf (or, in fp8 e4m3, saturates), one below the
-  smallest subnormal becomes 0 (`cast`, `softmax_denominator`, `logits_gradient`);
+  smallest subnormal becomes 0 (`cast`, `softmax_denominator`, `logits_gradient`, `range_shares`);
 - precision: a change smaller than half the spacing of the numbers around a value is rounded away, which is
-  why mixed precision keeps fp32 master weights (`update_lands`, `drift`).
+  why mixed precision keeps fp32 master weights and sums in fp32 (`update_lands`, `drift`, `running_total`).
 
     from labs.course import precision
     precision.format_rows()                    # one row per format: bits, largest, smallest, epsilon
@@ -122,37 +122,73 @@ def drift(start: float, update: float, steps: int, name: str) -> dict:
 
 # ------------------------------------------------------------------------------------------ Qwen-scale range
 def softmax_denominator(vocab: int, name: str) -> dict:
-    """An untrained model's logits are all about equal: take them all 0, for one token over a `vocab`-sized
-    vocabulary. The softmax's denominator is then sum(exp(0)) = vocab, and the loss ln(vocab). Computed with
-    torch's own ops in the format: the sum, and cross_entropy (this CPU's kernel keeps the sum in the format)."""
+    """All-zero logits for one token over a `vocab`-sized vocabulary: the softmax's denominator is then
+    sum(exp(0)) = vocab, and the loss ln(vocab). Computed with torch's own ops in the format: the sum, and
+    cross_entropy. Torch's CPU kernels accumulate fp16/bf16 sums in fp32 (`sum_of_ones`), but both results are
+    stored in the format: a denominator above the format's largest number is inf, and so is the loss."""
     logits = torch.zeros(1, _count("vocab", vocab), dtype=dtype(name))
     target = torch.zeros(1, dtype=torch.long)
     return dict(format=name, vocab=vocab, denominator=float(logits.exp().sum()),
                 loss=float(F.cross_entropy(logits, target)), exact_loss=math.log(vocab))
 
 
-def logits_gradient(vocab: int, tokens: int, rows=4) -> torch.Tensor:
-    """The gradient of the mean cross-entropy over `tokens` tokens with respect to `rows` of all-zero logits over
-    `vocab` words, by autograd in fp32 (the stock loss upcasts logits to fp32; backward casts this gradient down
-    to the compute format). Rows are independent, so these rows get exactly what they would in a full batch."""
-    logits = torch.zeros(_count("rows", rows), _count("vocab", vocab), requires_grad=True)
+def sum_of_ones(count: int, name: str) -> float:
+    """torch's own sum of `count` ones held in the format: the kernel accumulates in fp32 and stores the result
+    in the format, so it is exact wherever the result is representable."""
+    return float(torch.ones(_count("count", count), dtype=dtype(name)).sum())
+
+
+def running_total(name: str, limit=1_000_000) -> float:
+    """A total that adds 1.0 at a time, every partial sum stored in the format (as a gradient accumulated in a
+    16-bit buffer would be): the value where adding 1 no longer changes it (the spacing there has reached 2)."""
+    total, one = torch.zeros((), dtype=dtype(name)), torch.ones((), dtype=dtype(name))
+    for _ in range(_count("limit", limit)):
+        grown = total + one
+        if grown == total:
+            return float(total)
+        total = grown
+    return float(total)
+
+
+def initial_logit_std(preset="qwen2.5-7b") -> float:
+    """The spread of an untrained model's logits: the final RMSNorm leaves hidden states of RMS 1, and each logit
+    is a dot product of `hidden` of them with lm_head weights drawn N(0, initializer_range^2)."""
+    config = models.qwen2_config(preset)
+    return config.initializer_range * math.sqrt(config.hidden_size)
+
+
+def expected_initial_loss(vocab: int, logit_std: float) -> float:
+    """The mean cross-entropy of logits drawn N(0, std^2), independently, over a large vocabulary:
+    E[log sum exp] = ln(vocab) + std^2 / 2, and the target's logit is 0 on average."""
+    return math.log(_count("vocab", vocab)) + logit_std ** 2 / 2
+
+
+def logits_gradient(vocab: int, tokens: int, rows=4, std=0.0, seed=0) -> torch.Tensor:
+    """The gradient of the mean cross-entropy over `tokens` tokens with respect to `rows` rows of logits over
+    `vocab` words: all 0 (std 0), or drawn N(0, std^2) as an untrained model's are; by autograd in fp32 (the stock
+    loss upcasts logits to fp32; backward casts this gradient down to the compute format). Rows are independent,
+    so these rows get exactly what they would in a full batch."""
+    generator = torch.Generator().manual_seed(seed)
+    logits = (torch.randn(_count("rows", rows), _count("vocab", vocab), generator=generator) * std).requires_grad_()
     targets = torch.arange(rows) % vocab
     (F.cross_entropy(logits, targets, reduction="sum") / _count("tokens", tokens)).backward()
     return logits.grad
 
 
+def range_shares(values: torch.Tensor, name: str, scale: float = 1.0) -> dict:
+    """Where the nonzero `values`, multiplied by `scale` (the loss scale multiplies every gradient before it is
+    stored), land when stored in the format. Four shares that add up to 1: flushed to 0; subnormal (kept, with
+    fewer significant bits); normal; overflowed to inf (or nan)."""
+    stored = (values[values != 0].double() * scale).to(dtype(name)).double().abs()
+    zero, finite = stored == 0, torch.isfinite(stored)
+    subnormal = ~zero & finite & (stored < torch.finfo(dtype(name)).smallest_normal)
+    shares = dict(flushed=zero, subnormal=subnormal, normal=finite & ~zero & ~subnormal, overflowed=~finite)
+    return {key: float(mask.double().mean()) for key, mask in shares.items()}
+
+
 def flushed_to_zero(values: torch.Tensor, name: str, scale: float = 1.0) -> float:
-    """The fraction of the nonzero `values` that become exactly 0 when multiplied by `scale` and stored in the
-    format (the loss scale multiplies every gradient before it is stored)."""
-    nonzero = values[values != 0].double() * scale
-    return float((nonzero.to(dtype(name)) == 0).double().mean())
-
-
-def below_normal(values: torch.Tensor, name: str, scale: float = 1.0) -> float:
-    """The fraction of the nonzero `values` that, scaled, land below the format's smallest normal number: they
-    survive as subnormals, with fewer significant bits."""
-    nonzero = (values[values != 0].double() * scale).abs()
-    return float((nonzero < torch.finfo(dtype(name)).smallest_normal).double().mean())
+    """The fraction of the nonzero `values` that become exactly 0 when scaled and stored in the format."""
+    return range_shares(values, name, scale)["flushed"]
 
 
 # ------------------------------------------------------------------------------------------ one real layer

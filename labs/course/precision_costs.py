@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from labs import memory, models
 from labs.bench import results
-from labs.errors import check_choice
+from labs.errors import LabsError, check_choice
 
 RUN = "e_zero3_final_2xh200"               # the run that measured both formats, same settings, one invocation
 CASES = {"bf16": "labs-zero3", "fp16": "labs-zero3-fp16"}
@@ -18,9 +18,20 @@ PARTS = ("params", "grads", "optimizer", "activations", "buffers")
 
 
 def recorded_pair() -> tuple[dict, dict]:
-    """The bf16 and fp16 rows of run e (labs.bench.results rows: throughput, MFU, peak, losses, config)."""
-    table = results.rows(results.load_all())
-    return tuple(results.find(table, RUN, CASES[name]) for name in ("bf16", "fp16"))
+    """The bf16 and fp16 rows of run e (labs.bench.results rows: throughput, MFU in both attention conventions,
+    peak, losses, config), each with what the result file records beside them: the peak reserved by PyTorch's
+    caching allocator (`reserved_gib`, max over ranks), how the step time was taken (`timing`), the MFU formula
+    (`mfu_formula`) and its peak (`peak_tflops`)."""
+    recorded = results.load_all()
+    result = next(r for name, r in recorded.items() if name.endswith(RUN))
+    table = results.rows(recorded)
+    pair = []
+    for name in ("bf16", "fp16"):
+        summary = result["cases"][CASES[name]]["summary"]
+        pair.append(dict(results.find(table, RUN, CASES[name]), timing=summary["timing"],
+                         reserved_gib=max(summary["peak_reserved_bytes"]) / memory.GiB,
+                         mfu_formula=result["mfu_formula"], peak_tflops=summary["peak_flops"] / 1e12))
+    return tuple(pair)
 
 
 def recorded_grad_norms(precision: str) -> list[float]:
@@ -70,3 +81,13 @@ def peak_rows(row: dict, precisions=("fp32", "fp16", "bf16"), measured: dict | N
 def fp32_advice(row: dict, gpu="H200"):
     """labs.memory.advise for the recorded setup trained in fp32: does it fit, and the cheapest change if not."""
     return memory.advise(gpu, **estimate_like(row, "fp32").inputs)
+
+
+def fp32_fitting_row(row: dict, gpu="H200") -> dict:
+    """The recorded setup changed the cheapest way labs.memory.advise finds for fp32 to fit the GPU. Applied to
+    every precision alike, it gives fp32 and bf16 one setup to be compared on."""
+    rename = {"activation_checkpointing": "checkpointing"}          # advise's setting -> the results row's key
+    change = fp32_advice(row, gpu).change
+    if set(change) - set(rename):
+        raise LabsError(f"fp32 fits only with {change}; compare precisions on that setup by hand")
+    return dict(row, **{rename[key]: value for key, value in change.items()})

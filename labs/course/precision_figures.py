@@ -51,19 +51,24 @@ def rounding_error(curves: dict, ax=None, window=25, title="worst relative error
     return ax
 
 
-def gradients_vs_fp16(grads: torch.Tensor, smallest_subnormal: float, smallest_normal: float, largest: float,
+def gradients_vs_fp16(grads, smallest_subnormal: float, smallest_normal: float, largest: float,
                       scales=(1, 2 ** 16), ax=None, title="real gradients against fp16's range"):
-    """Histogram of log2 |gradient| (nonzero entries) with, for each loss scale s, the band of gradients fp16 can
-    hold once multiplied by s: from smallest_subnormal / s (below: flushed to 0) to largest / s (above: inf)."""
+    """Histogram of log2 |gradient| (nonzero entries), one per group when `grads` is {label: tensor}, with, for
+    each loss scale s, the band of gradients fp16 can hold once multiplied by s: from smallest_subnormal / s (below:
+    flushed to 0) to largest / s (above: inf)."""
     ax = ax or plt.subplots(figsize=(7, 3.5))[1]
-    values = grads[grads != 0].abs().double().log2()
-    ax.hist(values.numpy(), bins=120, color="#4a90d9", alpha=0.8)
+    groups = grads if isinstance(grads, dict) else {"gradients": grads}
+    values = [g[g != 0].abs().double().log2().numpy() for g in groups.values()]
+    bins = torch.linspace(min(v.min() for v in values), max(v.max() for v in values), 121).numpy()
+    for label, group, color in zip(groups, values, ("#4a90d9", "#e8a33d", "#888")):
+        ax.hist(group, bins=bins, label=label, color=color, alpha=0.6)
     for scale, color in zip(scales, ("#c2452d", "#2a7")):
         shift = math.log2(scale)
         for bound, style in ((smallest_subnormal, "-"), (smallest_normal, ":"), (largest, "-")):
             ax.axvline(math.log2(bound) - shift, color=color, ls=style, lw=1)
         ax.plot([], [], color=color, label=f"fp16 range at loss scale 2^{shift:.0f} (dotted: smallest normal)")
-    ax.set(xlabel="log2 |gradient|", ylabel="gradient entries", title=title)
+    ax.set(xlabel="log2 |gradient|", ylabel="gradient entries" + (" (log scale)" if len(values) > 1 else ""),
+           title=title, yscale="log" if len(values) > 1 else "linear")     # small groups stay visible
     ax.legend(fontsize=7, loc="upper left")
     return ax
 
@@ -83,7 +88,10 @@ def loss_scale_history(records: list[dict], ax=None, title="DeepSpeed's loss sca
     ax.set(xlabel="step (numbers: hysteresis left after the step)", ylabel="log2 loss scale", title=title)
     ax.set_ylim(min(math.log2(r["scale"]) for r in records) - 1, max(math.log2(r["scale"]) for r in records) + 1)
     twin = ax.twinx()
-    twin.plot(steps, [r["loss"] for r in records], color="#888", marker=".", lw=0.8, label="loss")
+    twin.plot(steps, [r["loss"] for r in records], color="#888", marker=".", lw=0, label="loss of the step's batch")
+    if all("probe_loss" in r for r in records):
+        twin.plot(steps, [r["probe_loss"] for r in records], color="#555", lw=1,
+                  label="loss on a fixed held-out batch, after the step")
     twin.set_ylabel("loss (nats per token)")
     lines = ax.get_legend_handles_labels()
     more = twin.get_legend_handles_labels()
@@ -120,10 +128,10 @@ def recorded_losses(rows: list[dict], labels: list[str], ax=None, title="recorde
 
 
 def memory_by_precision(parts: dict, measured: dict | None = None, limit: tuple | None = None, ax=None,
-                        title="peak per GPU by precision (labs.memory)"):
-    """Stacked bars, one per precision: {precision: {part: GiB}} at the predicted peak; `measured`:
-    {precision: GiB} drawn as black ticks (the recorded peak, where a run exists); `limit`: (label, GiB) drawn
-    as a dashed line (what a GPU can use)."""
+                        title="peak per GPU by precision (labs.memory)", reserved: dict | None = None):
+    """Stacked bars, one per label: {label: {part: GiB}} at the predicted peak; `measured`: {label: GiB} drawn
+    as black ticks (the recorded peak allocated, where a run exists), `reserved` as grey ticks (the peak the
+    caching allocator reserved); `limit`: (label, GiB) drawn as a dashed line (what a GPU can use)."""
     ax = ax or plt.subplots(figsize=(7, 3.2))[1]
     names = list(parts)
     left = [0.0] * len(names)
@@ -133,14 +141,15 @@ def memory_by_precision(parts: dict, measured: dict | None = None, limit: tuple 
         widths = [parts[n].get(part, 0.0) for n in names]
         ax.barh(names, widths, left=left, color=color, label=part)
         left = [a + b for a, b in zip(left, widths)]
-    for i, name in enumerate(names):
-        if measured and name in measured:
-            ax.plot([measured[name]] * 2, [i - 0.4, i + 0.4], color="black", lw=2)
+    for ticks, color in ((reserved, "#999"), (measured, "black")):
+        for i, name in enumerate(names):
+            if ticks and name in ticks:
+                ax.plot([ticks[name]] * 2, [i - 0.4, i + 0.4], color=color, lw=2)
     if limit:
         ax.axvline(limit[1], color="#c2452d", ls="--", lw=1)
-        ax.text(limit[1], -0.55, f" {limit[0]}", color="#c2452d", fontsize=8, va="bottom")
+        ax.text(limit[1], len(names) - 0.5, f" {limit[0]}", color="#c2452d", fontsize=8, va="bottom")
     ax.invert_yaxis()
-    ax.set(xlabel="GiB per GPU (black tick: measured peak on H200)", title=title)
+    ax.set(xlabel="GiB per GPU (ticks, measured on H200: black allocated, grey reserved)", title=title)
     ax.legend(ncols=5, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.25), frameon=False)
     ax.grid(axis="x", alpha=0.3)
     return ax

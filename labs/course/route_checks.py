@@ -1,11 +1,14 @@
-"""What chapter 8 reads off its route runs: who filled each "auto" and with what, what a ZeRO-3 checkpoint holds and
-whether its weights reproduce the run, and the rules of accelerate and bf16 that the exercises ask about.
+"""What chapter 8 reads off its route runs: who filled each "auto" and with what, the learning rate each step used
+and which steps compute on the initial weights, how far runs that round differently may differ, what a ZeRO-3
+checkpoint holds and whether its weights reproduce the run, and the rules of accelerate and bf16 that the exercises
+ask about.
 
     route_checks.auto_rows([("zero3.json", {"labs": run.ds_config, "HF Trainer": trainer.ds_config})])
     route_checks.replay_loss(trainer.path / "trainer" / "checkpoint-4", trainer.spec, step=5, rank=0)
 """
 from __future__ import annotations
 
+import ast
 import contextlib
 import io
 import math
@@ -15,7 +18,7 @@ import torch
 
 from labs import config as config_lib
 from labs import data, models
-from labs.course.seed_snippets import quiet_deepspeed
+from labs.course.tutorial_snippets import quiet_deepspeed
 
 
 def auto_rows(pairs) -> list[dict]:
@@ -36,6 +39,48 @@ def accelerate_scheduler_steps(total_num_steps: int, num_processes: int, split_b
     return total_num_steps if split_batches else math.ceil(total_num_steps / num_processes)
 
 
+def dummy_scheduler_steps(steps: int, num_processes: int, split_batches=False) -> int:
+    """What to hand DummyScheduler(total_num_steps=...) so that DeepSpeed's scheduler gets `steps`: the inverse of
+    accelerate_scheduler_steps (the chapter's accelerate route does this)."""
+    return steps if split_batches else steps * num_processes
+
+
+def scheduled_rates(resolved: dict, steps: int) -> list[float]:
+    """The learning rate each of the first `steps` optimizer steps updates with, under the scheduler a resolved
+    DeepSpeed config names (DeepSpeed's own class, built as the engine builds it). The engine reads the rate for a
+    step before it steps the scheduler; WarmupCosineLR starts at iteration -1, where its rate is 0 whatever the
+    config says, so the first step never changes the weights."""
+    with quiet_deepspeed():     # it warns that the rate is read before the first step: that read is the point
+        from deepspeed.runtime import lr_schedules
+
+        schedule = resolved["scheduler"]
+        optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=resolved["optimizer"]["params"]["lr"])
+        scheduler = getattr(lr_schedules, schedule["type"])(optimizer, **schedule["params"])
+        rates = []
+        for _ in range(steps):
+            rates.append(optimizer.param_groups[0]["lr"])
+            scheduler.step()
+    return rates
+
+
+def steps_on_initial_weights(rates: list[float]) -> int:
+    """How many leading steps compute their loss on the initial weights: a step's loss comes before its own update,
+    so step k sees changed weights only once one of steps 1..k-1 updated with a rate above 0."""
+    count = 1
+    while count < len(rates) and rates[count - 1] == 0:
+        count += 1
+    return count
+
+
+def rounding_tolerances(rates: list[float], rounding_gap: float, factor=10) -> list[float]:
+    """Per step, how far two runs of the same arithmetic, rounded to bf16 in different places, may differ: nothing
+    while both compute on the initial weights (the same bf16 weights, the same forward), then `factor` (an order of
+    magnitude) times `rounding_gap`, the largest gap that a known rounding-only difference opened over the same
+    steps (chapter 8: labs' own ZeRO-2 against ZeRO-3)."""
+    initial = steps_on_initial_weights(rates)
+    return [0.0 if step <= initial else factor * rounding_gap for step in range(1, len(rates) + 1)]
+
+
 def bf16_rounding(value: float) -> float:
     """The largest error of rounding `value` to bf16: half the spacing of bf16 numbers near it (8 stored
     fraction bits: spacing 2^(exponent - 7))."""
@@ -53,7 +98,7 @@ def saved_module(checkpoint, rank=0) -> dict:
     its tensors and their elements. Under ZeRO-3 they are the empty placeholders the partitioned parameters leave."""
     path = next(Path(checkpoint).glob(f"global_step*/zero_pp_rank_{rank}_mp_rank_00_model_states.pt"))
     module = torch.load(path, map_location="cpu", weights_only=False)["module"]
-    return dict(tensors=len(module), elements=sum(t.numel() for t in module.values()))
+    return dict(tensors=len(module), elements=sum(t.numel() for t in module.values()), names=sorted(module))
 
 
 def recovered_weights(checkpoint) -> dict:
@@ -119,14 +164,25 @@ def safetensors_summary(path) -> dict:
     """Tensors, elements and dtypes in a safetensors file (what `save_model` wrote)."""
     from safetensors import safe_open
 
-    tensors = elements = 0
-    dtypes = set()
+    elements, dtypes, names = 0, set(), []
     with safe_open(str(path), framework="pt") as file:
         for name in file.keys():
             tensor = file.get_tensor(name)
-            tensors, elements = tensors + 1, elements + tensor.numel()
+            elements, names = elements + tensor.numel(), names + [name]
             dtypes.add(str(tensor.dtype))
-    return dict(tensors=tensors, elements=elements, dtypes=sorted(dtypes))
+    return dict(tensors=len(names), elements=elements, dtypes=sorted(dtypes), names=sorted(names))
+
+
+def log_lines(run_path, fragment: str) -> list[str]:
+    """The lines of a route's launch.log (every rank's output) that contain `fragment`."""
+    text = (Path(run_path) / "launch.log").read_text(errors="replace")
+    return [line for line in text.splitlines() if fragment in line]
+
+
+def trainer_logged_rates(run_path) -> list[float]:
+    """The learning_rate of each line the Trainer logged ({'loss': ..., 'learning_rate': ...}), in order; a resumed
+    Trainer's lines follow the first one's."""
+    return [float(ast.literal_eval(line.strip())["learning_rate"]) for line in log_lines(run_path, "{'loss'")]
 
 
 def _flatten(node, prefix="") -> dict:

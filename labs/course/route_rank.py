@@ -21,8 +21,10 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule
 
 from labs import data, models
+from labs.course import route_checks
 from labs.course.route_batches import LabsOrder, TokenRows
 
 CPU = not torch.cuda.is_available()
@@ -66,13 +68,16 @@ def _training_args(spec, output_dir, ds_config):
 def _train(spec, args, resume_from=None, save_to=None) -> dict:
     from transformers import Trainer, TrainerCallback
 
-    losses = []
+    losses, lrs = [], []
 
     class RecordingTrainer(Trainer):
         def _get_train_sampler(self, train_dataset=None):
             return LabsOrder(len(self.train_dataset), args.per_device_train_batch_size, args.world_size, spec["seed"])
 
         def training_step(self, *a, **k):
+            # The rate this step's update uses, read before it (as labs train records it): the Trainer logs the rate
+            # after DeepSpeed's engine has stepped its scheduler, i.e. the next step's.
+            lrs.append(self.optimizer.param_groups[0]["lr"])
             loss = super().training_step(*a, **k)   # this rank's loss of the micro-batch, as the Trainer computed it
             losses.append(loss.item())
             return loss
@@ -96,7 +101,7 @@ def _train(spec, args, resume_from=None, save_to=None) -> dict:
         trainer.save_model(str(save_to))
     # A resumed Trainer's history starts with the checkpoint's own entries: keep this run's steps.
     logs = [entry for entry in trainer.state.log_history if "loss" in entry][-len(losses):]
-    return dict(losses=losses, lrs=[e["learning_rate"] for e in logs], grad_norms=[e.get("grad_norm") for e in logs],
+    return dict(losses=losses, lrs=lrs, grad_norms=[e.get("grad_norm") for e in logs],
                 train_seconds=seconds, ds_config=_plain(trainer.accelerator.deepspeed_config),
                 **_held(trainer.model_wrapped))
 
@@ -126,17 +131,19 @@ def accelerate_main(run_dir: Path, spec: dict) -> dict:
         raise RuntimeError(f"accelerate started {accelerator.distributed_type}, not DEEPSPEED or FSDP: check the "
                            "YAML's distributed_type")
     record = dict(losses=[], lrs=[], grad_norms=[], fsdp_switched_on_cpu=switched)
+    if fsdp := accelerator.distributed_type == DistributedType.FSDP:
+        before_cast = _loss_before_output_cast(model)
+        record.update(returned_losses=[], fsdp_units=_fsdp_units(model))
     batches = iter(loader)
     start = time.perf_counter()
     for step in range(spec["steps"]):
         batch = next(batches, None)
         if batch is None:                       # a new epoch: reshuffled with seed + epoch, as labs does
             loader.set_epoch(getattr(loader, "iteration", 0) + 1)
-            batches = iter(loader)
-            batch = next(batches)
+            batch = next(batches := iter(loader))
+        record["lrs"].append(optimizer.param_groups[0]["lr"])     # the rate this step's update uses
         loss = model(input_ids=batch["input_ids"], labels=batch["labels"]).loss
         accelerator.backward(loss)              # DeepSpeed: engine.backward and engine.step (the optimizer steps here)
-        grad_norm = None
         if scheduler is not None:               # FSDP: clip, step, schedule (DeepSpeed did all three inside)
             grad_norm = float(accelerator.clip_grad_norm_(model.parameters(), hyper["clip"]))
             optimizer.step()
@@ -144,12 +151,13 @@ def accelerate_main(run_dir: Path, spec: dict) -> dict:
             optimizer.zero_grad(set_to_none=True)
         else:
             grad_norm = model.get_global_grad_norm()
-        record["losses"].append(loss.item())
-        record["lrs"].append(optimizer.param_groups[0]["lr"])
+        record["losses"].append(before_cast.pop() if fsdp else loss.item())
+        if fsdp:
+            record["returned_losses"].append(loss.item())     # what the model returned: cast to bf16 by FSDP
         record["grad_norms"].append(None if grad_norm is None else float(grad_norm))
     record.update(train_seconds=time.perf_counter() - start, loss_dtype=str(loss.dtype),
                   distributed_type=str(accelerator.distributed_type.value), **_held(model))
-    if accelerator.distributed_type == DistributedType.DEEPSPEED:
+    if not fsdp:
         record["ds_config"] = _plain(accelerator.deepspeed_config)
     else:
         plugin = accelerator.state.fsdp_plugin
@@ -179,6 +187,21 @@ def _fsdp_on_cpu(accelerator) -> bool:
     return True
 
 
+def _loss_before_output_cast(model) -> list:
+    """A list that receives the model's loss at every forward as the model computed it (fp32: HF's loss upcasts the
+    logits), before FSDP's mixed-precision policy casts the outputs to its output_dtype (bf16 here). The hook runs
+    ahead of FSDP's own post-forward hook (prepend=True), which does the cast."""
+    losses = []
+
+    model.register_forward_hook(lambda _module, _inputs, output: losses.append(output.loss.item()), prepend=True)
+    return losses
+
+
+def _fsdp_units(model) -> list[str]:
+    """The modules fully_shard wrapped (each one all-gathers its parameters as one unit); "" is the root model."""
+    return [name for name, module in model.named_modules() if isinstance(module, FSDPModule)]
+
+
 def _prepare_deepspeed(accelerator, spec, loader):
     """DeepSpeed through accelerate: the optimizer and scheduler come from the config file, so the code hands over
     placeholders (DummyOptim, DummyScheduler) whose values fill the file's "auto" entries."""
@@ -196,7 +219,8 @@ def _prepare_deepspeed(accelerator, spec, loader):
     if "scheduler" in config:
         # accelerate divides DummyScheduler's total_num_steps by the number of processes (it assumes the count of
         # batches of the unsharded loader): hand it steps x processes so DeepSpeed gets the run's steps.
-        scheduler = DummyScheduler(optimizer, total_num_steps=spec["steps"] * accelerator.num_processes,
+        total = route_checks.dummy_scheduler_steps(spec["steps"], accelerator.num_processes)
+        scheduler = DummyScheduler(optimizer, total_num_steps=total,
                                    warmup_num_steps=hyper["warmup_steps"])
         model, optimizer, loader, _ = accelerator.prepare(model, optimizer, loader, scheduler)
     else:
@@ -244,8 +268,8 @@ def _held(model) -> dict:
 
 
 def _plain(config: dict) -> dict:
-    """The config as JSON can hold it (accelerate sets steps_per_print to infinity)."""
-    return json.loads(json.dumps(config, default=str).replace("Infinity", "null"))
+    """The config as plain data. accelerate's steps_per_print, float("inf"), stays inf (json writes Infinity)."""
+    return json.loads(json.dumps(config, default=str))
 
 
 def main(run_dir: Path):

@@ -1,21 +1,23 @@
 """Chapter 8's routes into DeepSpeed and FSDP, each launched as a real multi-process job by its own stock launcher,
 on the same model, data, seed and hyperparameters as a `labs train` run, so the per-step losses compare:
 
-    trainer = routes.run("trainer", RUNS / "08" / "trainer", config="zero3.json", launcher="deepspeed")
-    ds = routes.run("accelerate", RUNS / "08" / "acc_ds", accelerate_config="accelerate_configs/deepspeed_zero2.yaml")
+    trainer = routes.run("trainer", RUNS / "08" / "trainer", nproc=2, config="zero3.json", launcher="deepspeed")
+    ds = routes.run("accelerate", RUNS / "08" / "acc_ds", nproc=2,
+                    accelerate_config="accelerate_configs/deepspeed_zero2.yaml")
     trainer.losses, trainer.metrics, trainer.ds_config, trainer.ranks[0]["param_elements_held"]
 
 The hyperparameters (micro-batch, accumulation, learning rate, Adam's betas and eps, weight decay, warm-up, clipping)
 are what labs.resolve makes of the same DeepSpeed file for `labs train`; the route's own filler (HF's, accelerate's)
-then fills the file's "auto" entries from them. Bad input raises LabsError before anything starts or is written.
+then fills the file's "auto" entries from them. The rank count is the caller's `nproc` on every launcher (accelerate
+gets it as --num_processes, over the YAML's value). Bad input raises LabsError before anything starts or is written.
 """
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -23,7 +25,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from labs import ROOT, launch, runfolder
+from labs import ROOT, launch, runfolder, supervisor
 from labs import config as config_lib
 from labs.env import repaired_environment
 from labs.errors import LabsError, RankFailed, check_choice
@@ -32,6 +34,12 @@ ROUTES = ("trainer", "accelerate")
 LAUNCHERS = {"trainer": ("deepspeed", "torchrun"), "accelerate": ("accelerate",)}
 ACCELERATE_TYPES = ("DEEPSPEED", "FSDP")
 CHECKPOINTED = "zero_optimization.stage3_gather_16bit_weights_on_model_save"
+
+
+def chapter_ranks() -> int:
+    """The rank count chapter 8 runs everything with: 2 processes (gloo) on a machine without a GPU, else one per
+    GPU, at most 2 (one GPU gives one rank)."""
+    return min(2, torch.cuda.device_count()) if torch.cuda.is_available() else 2
 
 
 def prepare(route, *, out, config="zero3.json", accelerate_config=None, launcher=None, preset="tiny", steps=8,
@@ -48,9 +56,6 @@ def prepare(route, *, out, config="zero3.json", accelerate_config=None, launcher
         config = yaml_config["deepspeed_file"]
     labs_spec, resolved = launch.prepare(preset=preset, config=config, steps=steps, nproc=nproc, seed=seed, out=out,
                                          instruments=())
-    if yaml_config and yaml_config["num_processes"] != labs_spec["nproc"]:
-        raise LabsError(f"accelerate config '{accelerate_config}': num_processes is {yaml_config['num_processes']} "
-                        f"but this run has {labs_spec['nproc']} ranks; make them agree")
     if checkpoint_step is not None and (route != "trainer" or not 0 < checkpoint_step < steps):
         raise LabsError(f"checkpoint_step {checkpoint_step!r}: only the trainer route resumes, from a step between 1 "
                         f"and {steps - 1}")
@@ -68,34 +73,28 @@ def prepare(route, *, out, config="zero3.json", accelerate_config=None, launcher
 
 def run(route, out, stream=False, label=None, **kwargs) -> "RouteRun":
     """Launch one route (keyword arguments of `prepare`) and wait; returns the finished run folder. `label`: print
-    one line when it starts and one when it is done; `stream`: print the launcher's output afterwards."""
+    one line when it starts and one when it is done; `stream`: copy the launcher's output as it comes."""
     spec = prepare(route, out=out, **kwargs)
     if label:
         print(f"{label}: {spec['steps']} steps of '{spec['preset']}' on {spec['nproc']} ranks ...", end=" ", flush=True)
     start = time.perf_counter()
     out = Path(out)
-    work = runfolder.partial_folder(out)
-    try:
+    with runfolder.claim(out) as work:       # the ranks write into a partial folder, published when all finished
         if spec["route"] == "trainer" or spec["accelerate_config"]["distributed_type"] == "DEEPSPEED":
             spec["ds_config"] = str(_ds_config_for_ranks(spec, work))
         if spec["checkpoint_step"]:
             resumed = config_lib.variant(config_lib.load(spec["ds_config"]), {CHECKPOINTED: True})
             spec["resume_ds_config"] = str(config_lib.write(resumed, work / "ds_config_resume.json"))
         env, _ = repaired_environment(spec["nproc"], cpu_offload=False)
-        env.update(PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
+        env.update(PYTHONPATH=importable_path(env), HF_HUB_OFFLINE="1")
         command = launcher_command(spec, work)
         (work / "route.json").write_text(json.dumps(spec, indent=1) + "\n")
         (work / "command.txt").write_text(shlex.join(command) + "\n")
-        with open(work / "launch.log", "wb") as log:
-            code = subprocess.run(command, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT).returncode
-        if stream:
-            print((work / "launch.log").read_text(errors="replace"))
+        # Owned as labs train owns torchrun: an interrupt stops the launcher's whole session, ranks included.
+        code = supervisor.run(command, env, work / "launch.log", echo=stream)
         if code != 0 or len(list(work.glob("rank*.json"))) != spec["nproc"]:
             raise RankFailed(_failure(work, code))
         runfolder.publish(work, out)
-    except BaseException:
-        runfolder.discard(work)
-        raise
     if label:
         print(f"done in {time.perf_counter() - start:.0f} s", flush=True)
     return RouteRun(out)
@@ -119,7 +118,7 @@ def shown_command(run_path) -> str:
     words = shlex.split((Path(run_path) / "command.txt").read_text())
     shown = []
     for word in words:
-        word = "python" if word == sys.executable else re.sub(r"\S*\.partial", "RUN", word.replace(f"{ROOT}/", ""))
+        word = "python" if word == sys.executable else re.sub(r"\S*\.partial-\d+", "RUN", word.replace(f"{ROOT}/", ""))
         shown.append("PORT" if shown and shown[-1] in ("--master_port", "--main_process_port") else word)
     return " ".join(shown)
 
@@ -135,21 +134,23 @@ def launcher_command(spec: dict, run_dir: Path) -> list[str]:
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={spec['nproc']}",
                 "-m", *script]
     yaml_config = spec["accelerate_config"]
+    # --num_processes from the run's rank count: the YAML's own value is for the reader's copy of the file
     command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", yaml_config["path"],
-               "--main_process_port", port]
+               "--num_processes", str(spec["nproc"]), "--main_process_port", port]
     if yaml_config["distributed_type"] == "DEEPSPEED":
         command += ["--deepspeed_config_file", spec["ds_config"]]
     return command + ["-m", *script]
 
 
 def _ds_config_for_ranks(spec, work: Path) -> Path:
-    """The DeepSpeed file the ranks get: the route's file as it is, except on a machine without a GPU, where
-    DeepSpeed's default AdamW is a fused kernel it would first compile (minutes): there torch's AdamW is asked for
-    with torch_adam (labs.resolve does the same for `labs train`). The copy lands in the run folder."""
+    """The DeepSpeed file the ranks get, always copied into the run folder (RUN/ds_config.json): the route's file as
+    it is, except on a machine without a GPU, where DeepSpeed's default AdamW is a fused kernel it would first
+    compile (minutes): there torch's AdamW is asked for with torch_adam (labs.resolve does the same for `labs
+    train`)."""
     raw = config_lib.load(spec["config"])
-    if torch.cuda.is_available() or "optimizer" not in raw or config_lib.offloads(raw)["optimizer"]:
-        return Path(spec["config"]).resolve()
-    return config_lib.write(config_lib.variant(raw, {"optimizer.params.torch_adam": True}), work / "ds_config.json")
+    if not torch.cuda.is_available() and "optimizer" in raw and not config_lib.offloads(raw)["optimizer"]:
+        raw = config_lib.variant(raw, {"optimizer.params.torch_adam": True})
+    return config_lib.write(raw, work / "ds_config.json")
 
 
 def _accelerate_yaml(path) -> dict:
@@ -186,6 +187,12 @@ def _accelerate_yaml(path) -> dict:
         config_lib.load(file)       # accelerate reads it with json: plain JSON, no comments
         result["deepspeed_file"] = str(file)
     return result
+
+
+def importable_path(env: dict) -> str:
+    """PYTHONPATH for the launched processes: this checkout's labs first, then what the environment had (on a GPU
+    host that may be where DeepSpeed was installed)."""
+    return os.pathsep.join([str(ROOT), *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]])
 
 
 def _free_port() -> int:
@@ -242,7 +249,3 @@ def _metrics(ranks: list[dict]) -> list[dict]:
                          lr=ranks[0]["lrs"][i], grad_norm=ranks[0]["grad_norms"][i]))
     return rows
 
-
-def loss_differences(runs: dict, reference) -> dict:
-    """Largest |loss difference| from the reference run (a labs Run or a RouteRun) over the common steps."""
-    return {name: max(abs(a - b) for a, b in zip(run.losses, reference.losses)) for name, run in runs.items()}

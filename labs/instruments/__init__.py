@@ -10,16 +10,24 @@ the `labs.train.Instrument` hooks. Each one's findings land in summary.json unde
   after each ZeRO-3 fetch, so it costs time in the hot path: chapters 2 and 3 turn it on, benchmarks do not.
 - state_dict (checkpoints.py): a real checkpoint at the end of the run (FSDP2: DCP; DeepSpeed: its ZeRO files),
   described (files, tensor types, shapes, placements) and deleted. Chapter 7 turns it on.
+- probe_logits (logits.py): the engine's logits on a fixed probe once it is ready (in a resumed run: loaded from
+  its checkpoint), written to RUN_DIR/probe_logits.pt; chapter 5 checks exported models against them.
+- rank_env (environment.py): the variables a launcher set for each rank (RANK, LOCAL_RANK, TORCHELASTIC_*, NCCL_*).
 """
 from labs.errors import check_choice
 from labs.instruments.buffers import ZeroBuffers
 from labs.instruments.checkpoints import StateDict
 from labs.instruments.comm import Comm
+from labs.instruments.environment import RankEnv
+from labs.instruments.logits import ProbeLogits
 from labs.instruments.state import StateBytes
 
-INSTRUMENTS = {cls.name: cls for cls in (StateBytes, Comm, ZeroBuffers, StateDict)}
+INSTRUMENTS = {cls.name: cls for cls in (StateBytes, Comm, ZeroBuffers, StateDict, ProbeLogits, RankEnv)}
 
 
-def build(names) -> list:
-    """Fresh instruments for one run, by name."""
-    return [INSTRUMENTS[check_choice("instrument", name, INSTRUMENTS)]() for name in names]
+def build(names, run_dir=None, spec=None) -> list:
+    """Fresh instruments for one run, by name; each may read the run's spec and write into its folder."""
+    built = [INSTRUMENTS[check_choice("instrument", name, INSTRUMENTS)]() for name in names]
+    for instrument in built:
+        instrument.run_dir, instrument.spec = run_dir, spec
+    return built

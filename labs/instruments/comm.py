@@ -11,12 +11,15 @@ record["comm"]) and the totals over all steps in summary["comm"] (one entry per 
 Every collective is counted by its payload: the bytes of the whole (unsharded) tensor it works on, whatever
 the algorithm underneath. The ZeRO paper's communication volume per rank then counts an all-reduce twice
 (a reduce-scatter followed by an all-gather) and every other collective once; a ring algorithm puts
-(N-1)/N of that volume on each rank's wire.
+(N-1)/N of that volume on each rank's wire. A collective whose group holds ranks of more than one node (nodes of
+LOCAL_WORLD_SIZE consecutive ranks, as torchrun and DeepSpeed's launcher number them) also counts its payload
+in "bytes_across_nodes": the traffic that leaves the node (the key appears once some does).
 """
 from __future__ import annotations
 
 import functools
 import inspect
+import os
 import threading
 
 import torch.distributed as dist
@@ -63,6 +66,7 @@ class CollectiveCounter:
         self.totals: dict[str, dict] = {}
         self._originals: dict[str, object] = {}
         self._depth = threading.local()
+        self._spans: dict[int, bool] = {}        # id(group) -> does it span nodes?
 
     def install(self) -> "CollectiveCounter":
         for name, (kind, argument) in COLLECTIVES.items():
@@ -94,6 +98,9 @@ class CollectiveCounter:
                 entry = self.pending.setdefault(kind, {"calls": 0, "bytes": 0})
                 entry["calls"] += 1
                 entry["bytes"] += payload_bytes(bound.arguments.get(argument))
+                if self._across_nodes(bound.arguments.get("group")):
+                    entry["bytes_across_nodes"] = (entry.get("bytes_across_nodes", 0)
+                                                   + payload_bytes(bound.arguments.get(argument)))
             self._depth.value = depth + 1
             try:
                 return original(*args, **kwargs)
@@ -102,13 +109,19 @@ class CollectiveCounter:
 
         return counted
 
+    def _across_nodes(self, group) -> bool:
+        if id(group) not in self._spans:
+            self._spans[id(group)] = spans_nodes(dist.get_process_group_ranks(group or dist.group.WORLD),
+                                                 local_world_size())
+        return self._spans[id(group)]
+
     def take(self) -> dict:
         """What was counted since the last take() or drop(); it also adds to `totals`."""
         taken, self.pending = self.pending, {}
         for kind, entry in taken.items():
             total = self.totals.setdefault(kind, {"calls": 0, "bytes": 0})
-            total["calls"] += entry["calls"]
-            total["bytes"] += entry["bytes"]
+            for field, value in entry.items():
+                total[field] = total.get(field, 0) + value
         return taken
 
     def drop(self):
@@ -137,6 +150,16 @@ class Comm(Instrument):
         return self.counter.totals
 
 
+def local_world_size() -> int:
+    """Ranks per node, from the launcher: torchrun's LOCAL_WORLD_SIZE, DeepSpeed's LOCAL_SIZE; else one node."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("LOCAL_SIZE") or dist.get_world_size())
+
+
+def spans_nodes(ranks, ranks_per_node: int) -> bool:
+    """Do these global ranks sit on more than one node (node = rank // ranks_per_node)?"""
+    return len({rank // ranks_per_node for rank in ranks}) > 1
+
+
 # ---------------------------------------------------------------------------------------------- accounting
 def volume_bytes(counts: dict) -> int:
     """The ZeRO paper's communication volume of some counted collectives (all-reduce counted twice)."""
@@ -162,5 +185,7 @@ def per_step(records: list[dict], skip: int = 1) -> dict:
     the first ZeRO-3 step also records the order in which parameters are fetched)."""
     kept = [r["comm"] for r in records if "comm" in r][skip:] or [r["comm"] for r in records if "comm" in r]
     kinds = sorted({kind for counts in kept for kind in counts})
-    return {kind: {field: sum(c.get(kind, {}).get(field, 0) for c in kept) / len(kept) for field in ("calls", "bytes")}
+    fields = ("calls", "bytes") + (("bytes_across_nodes",) if any("bytes_across_nodes" in e for c in kept
+                                                                    for e in c.values()) else ())
+    return {kind: {field: sum(c.get(kind, {}).get(field, 0) for c in kept) / len(kept) for field in fields}
             for kind in kinds}

@@ -172,7 +172,8 @@ def from_run(run, **overrides) -> MemoryEstimate:
     """The estimate for a labs run folder (a Run or its path): same model, ranks, config and flags."""
     run = run if isinstance(run, Run) else Run(run)
     spec = run.spec
-    kwargs = dict(dims=spec["dims"], gpus_per_node=spec["nproc"], seq_len=spec["seq_len"], loss=spec["loss"],
+    kwargs = dict(dims=spec["dims"], gpus_per_node=spec["nproc"], nodes=spec.get("nodes", {}).get("nnodes", 1),
+                  seq_len=spec["seq_len"], loss=spec["loss"],
                   activation_checkpointing=spec["activation_checkpointing"], ds_config=run.ds_config,
                   engine=spec["engine"], kernels=spec.get("kernels", "stock"))
     kwargs.update(overrides)

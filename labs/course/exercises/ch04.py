@@ -1,25 +1,20 @@
-"""Chapter 04 (mixed precision): exercises. Expected answers come from real casts (labs.course.precision),
-DeepSpeed's own loss scaler (labs.course.loss_scaling) and labs.memory."""
+"""Chapter 04 (mixed precision): exercises. Each asks for a prediction the chapter's rules let a reader reason out;
+the expected answer comes from real casts and sums (labs.course.precision), DeepSpeed's own loss scaler
+(labs.course.loss_scaling) or labs.memory, never from a typed-in number."""
 from __future__ import annotations
 
 from labs import memory, resolve
-from labs.course import loss_scaling, precision
+from labs.course import loss_scaling, precision, precision_costs
 from labs.course.exercises.registry import exercise
 
 
-def largest_count_that_fits(name="fp16", start=60000, stop=70000) -> int:
-    """The largest whole number that stays finite when stored in the format (searched by real casts)."""
-    values = list(range(start, stop))
-    stored = precision.cast(values, name)
-    return max(v for v, s in zip(values, stored) if s != float("inf"))
-
-
-@exercise("04.1", "All-zero logits over a vocabulary of V words: the softmax denominator is V. What is the largest "
-          "V whose denominator is still finite in fp16?", "words", rel=0,
-          hint="65504 is fp16's largest number and the next step up is 65536, which does not exist; storing "
-               "rounds to the nearest, and a tie goes to the even mantissa")
-def _largest_fp16_vocabulary():
-    return largest_count_that_fits("fp16")
+@exercise("04.1", "A gradient is accumulated in a 16-bit buffer, 1.0 at a time, every partial sum stored in the "
+          "format. Section 3 shows a bf16 total stopping at 256. At what value does an fp16 total stop growing?",
+          "(the total)", rel=0,
+          hint="a total stops when the gap between neighbouring numbers around it reaches 2: then total + 1 is a tie "
+               "and rounds back to the even neighbour. How many significant bits does fp16 keep, against bf16's 8?")
+def _fp16_running_total():
+    return precision.running_total("fp16")
 
 
 def overflow_stop_step(initial_scale_power=16, hysteresis=2, min_loss_scale=1) -> int:
@@ -33,28 +28,28 @@ def overflow_stop_step(initial_scale_power=16, hysteresis=2, min_loss_scale=1) -
 
 @exercise("04.2", "DeepSpeed fp16 with loss_scale 0, initial_scale_power 16, hysteresis 2, min_loss_scale 1, and "
           "every step overflows: at which step does DeepSpeed stop the run?", "step", rel=0,
-          hint="the first overflow only uses up hysteresis; each later one halves the scale, down to "
-               "min_loss_scale; an overflow at the minimum stops the run")
+          hint="count the overflows that only use up hysteresis, then the halvings from 2^16 down to min_loss_scale, "
+               "then the overflow that arrives at the minimum")
 def _stop_step():
     return overflow_stop_step()
 
 
-def steps_at_halved_scale(window=1000, hysteresis=2) -> int:
-    """After overflows that halve the scale, how many steps run at the halved scale before DeepSpeed doubles it
-    (no further overflow)."""
-    scaler = loss_scaling.deepspeed_scaler(dict(enabled=True, loss_scale=0, initial_scale_power=16,
-                                                loss_scale_window=window, hysteresis=hysteresis, min_loss_scale=1))
-    history = loss_scaling.drive(scaler, [True] * hysteresis + [False] * (3 * window))
-    halved = history[hysteresis - 1]["next_scale"]
-    return sum(1 for row in history[hysteresis:] if row["scale"] == halved)
+def skipped_percent(window=500, hysteresis=3) -> float:
+    """Percent of steps DeepSpeed's scaler skips in the long run when gradients overflow fp16 whenever the scale
+    is above 2^12: one full cycle of its steady state."""
+    section = dict(enabled=True, loss_scale=0, initial_scale_power=16, loss_scale_window=window,
+                   hysteresis=hysteresis, min_loss_scale=1)
+    history = loss_scaling.steady_state(section, limit=2 ** 12, steps=3 * (window + hysteresis) + 100)
+    return 100 * loss_scaling.last_cycle(history)["skipped_share"]
 
 
-@exercise("04.3", "loss_scale_window 1000, hysteresis 2: two overflows in a row halve the scale. If nothing "
-          "overflows after that, how many steps run at the halved scale before DeepSpeed doubles it?", "steps",
-          rel=0, hint="DeepSpeed doubles when (this step - last overflow step - 1) is a positive multiple of the "
-                      "window, and the new scale applies from the next step")
-def _halved_steps():
-    return steps_at_halved_scale()
+@exercise("04.3", "A long fp16 run whose gradients overflow whenever the loss scale is above some power of two S, and "
+          "never at or below it. With loss_scale_window 500 and hysteresis 3 (not the chapter's 1000 and 2), what "
+          "percent of the steps does DeepSpeed skip in the long run?", "percent", rel=0.02,
+          hint="one cycle: the clean steps at S before the scaler tries 2S, then the overflows the try costs before "
+               "the scale is back at S. How many of each?")
+def _skipped_percent():
+    return skipped_percent()
 
 
 def bf16_weight_after(updates=100, start=1.0) -> float:
@@ -66,9 +61,8 @@ def bf16_weight_after(updates=100, start=1.0) -> float:
 
 @exercise("04.4", "An RMSNorm weight starts at 1.0 and is kept in bf16 with no fp32 master. Adam moves it down by "
           "lr = 1e-4 (labs' default for Qwen2.5-7B) at every step. What is it after 100 steps?", "(the weight)",
-          rel=1e-3,
-          hint="bf16 has 8 significant bits: the spacing just below 1.0 is 2^-8; a result is rounded to the nearest "
-               "bf16 number")
+          rel=0, hint="compare one step's change with the gap between 1.0 and the bf16 number just below it; where "
+                      "does rounding send 1.0 - 1e-4?")
 def _bf16_weight():
     return bf16_weight_after()
 
@@ -81,11 +75,17 @@ def bf16_saving_percent(gpus=8, micro_batch=1, seq_len=4096, activation_checkpoi
     return 100 * (1 - peaks["bf16"] / peaks["fp32"])
 
 
-@exercise("04.5", "Qwen2.5-7B, ZeRO-3 on 8 GPUs, micro-batch 1 x 4096 tokens, full activation checkpointing, Liger "
-          "loss: by labs.memory, how many percent less peak memory per GPU does bf16 need than fp32? "
-          "(The seed says about 50.)", "percent", rel=0.05,
-          hint="under ZeRO model states cost 16 bytes per parameter in bf16 and 20 in fp32; the 2-byte tensors "
-               "(activations, gathered weights, buffers) halve; compare memory.estimate(..., precision='bf16') "
-               "with precision='fp32'")
+def run_e_saving_percent() -> float:
+    """bf16's saving against fp32 for run e's setup with the checkpointing that lets fp32 fit (section 5)."""
+    bf16_run, _ = precision_costs.recorded_pair()
+    by = {r["precision"]: r["peak"] for r in precision_costs.peak_rows(precision_costs.fp32_fitting_row(bf16_run))}
+    return 100 * (1 - by["bf16"] / by["fp32"])
+
+
+@exercise("04.5", "Qwen2.5-7B, ZeRO-3 on 8 GPUs, micro-batch 1 x 4096 tokens, full activation checkpointing, the Liger "
+          "loss. Against fp32, does bf16 save a larger or a smaller share of the peak memory per GPU than it saves "
+          "for run e's setup with 8 checkpointed layers in both (section 5)? Answer 'larger' or 'smaller'.", "choice",
+          hint="what halves in bf16 and what shrinks by only a fifth under ZeRO; which of the two does full "
+               "checkpointing on 8 GPUs leave as most of the peak?")
 def _bf16_saving():
-    return bf16_saving_percent()
+    return "smaller" if bf16_saving_percent() < run_e_saving_percent() else "larger"

@@ -2,6 +2,10 @@
 the checks that grade them by running the real readers and fillers: Python's json (what HF and accelerate use),
 hjson (what DeepSpeed uses), HF's "auto" filler, DeepSpeed's config parser, accelerate's launcher. Each check returns
 None when the snippet passes, or the error it raised, so a notebook cell can print one verdict line.
+
+The source tutorials are the two Chinese tutorials this course takes its topics from: a blog post on training
+Qwen-7B with DeepSpeed ZeRO-3, and "Chapter 4: DeepSpeed distributed training" of a tutorial series, which shows the
+snippets below (its section numbers are kept in the comments, for readers who have it).
 """
 from __future__ import annotations
 
@@ -19,7 +23,7 @@ import hjson
 
 from labs import ROOT
 
-# Section 2.1: "ZeRO-2, recommended for most fine-tuning with enough GPU memory".
+# The tutorial's ZeRO-2 file (its section 2.1: "ZeRO-2, recommended for most fine-tuning with enough GPU memory").
 ZERO2_JSON = """{
   "train_batch_size": "auto",
   "gradient_accumulation_steps": "auto",
@@ -48,7 +52,7 @@ ZERO2_JSON = """{
   }
 }"""
 
-# Section 2.2: "ZeRO-3 Offload".
+# The tutorial's ZeRO-3 Offload file (its section 2.2).
 ZERO3_OFFLOAD_JSON = """{
   "zero_optimization": {
     "stage": 3,
@@ -74,11 +78,12 @@ ZERO3_OFFLOAD_JSON = """{
   "gradient_accumulation_steps": "auto"
 }"""
 
-# Section 3, way 1 (the JSON file of 2.1 saved as ds_config_zero2.json) and way 2.
+# Its two ways to start training (section 3): the Trainer with the ZeRO-2 file saved as ds_config_zero2.json, and
+# accelerate's DeepSpeed flags.
 TRAINING_ARGUMENTS = dict(output_dir="./res", deepspeed="./ds_config_zero2.json", per_device_train_batch_size=4)
 ACCELERATE_FLAGS = ["--use_deepspeed", "--zero_stage", "2", "train.py"]
 
-# Section 5.2: "accelerate multi-machine mode" (comment translated).
+# Its two-machine accelerate config (section 5.2, "accelerate multi-machine mode"; comment translated).
 MULTINODE_YAML = """compute_environment: LOCAL_MACHINE
 distributed_type: DEEPSPEED
 machine_rank: 0  # set to 0, 1, ... on the different machines
@@ -103,6 +108,11 @@ def quiet_deepspeed():
         yield
     finally:
         logger.removeFilter(errors_only)
+
+
+def numbered(text: str) -> str:
+    """The text with line numbers, so that a reader's "line 17 column 28" can be found."""
+    return "\n".join(f"{i:3d}  {line}" for i, line in enumerate(text.splitlines(), 1))
 
 
 # ---------------------------------------------------------------------------------------------- readers
@@ -201,7 +211,8 @@ def training_arguments_error(folder, text: str, **arguments) -> str | None:
 def accelerate_launch(arguments: list[str], folder, timeout=120) -> tuple[int, str]:
     """`accelerate launch ARGUMENTS` run as written in `folder` (no default accelerate config: HF_HOME points into
     the folder); returns the exit code and the last line of its output."""
-    env = dict(os.environ, HF_HOME=str(Path(folder) / "hf_home"), HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
+    env = dict(os.environ, HF_HOME=str(Path(folder) / "hf_home"), HF_HUB_OFFLINE="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]])
     if "DS_ACCELERATOR" not in env and not _cuda():
         env["DS_ACCELERATOR"] = "cpu"
     done = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", *arguments], cwd=folder, env=env,
@@ -239,6 +250,21 @@ def accelerate_plan(yaml_text: str, folder, script="train.py") -> dict:
             plugin = DeepSpeedPlugin()
     return dict(command=command, mixed_precision=env.get("ACCELERATE_MIXED_PRECISION"), zero_stage=plugin.zero_stage,
                 offload=plugin.offload_optimizer_device, hostfile=hostfile, hosts=hosts)
+
+
+def accelerate_refusal(fragment: str) -> str:
+    """The message of the ValueError in accelerate's DeepSpeed preparation (Accelerator._prepare_deepspeed, as
+    installed here) that contains `fragment`: the refusal itself, read from the code that raises it."""
+    import inspect
+
+    from accelerate import Accelerator
+
+    source = inspect.getsource(Accelerator._prepare_deepspeed)
+    for block in source.split("raise ValueError(")[1:]:
+        message = "".join(part.strip()[1:-1] for part in block.split(")")[0].splitlines() if part.strip())
+        if fragment in message:
+            return message
+    raise LookupError(f"no ValueError mentioning {fragment!r} in this accelerate's _prepare_deepspeed")
 
 
 def _cuda() -> bool:

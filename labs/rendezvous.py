@@ -1,0 +1,81 @@
+"""The meeting point of a multi-node run, checked before any rank starts, and a failed meeting named after it.
+
+    rendezvous.check_endpoint(nodes)     # node 0: the endpoint is this host and its port is free;
+                                         # node K: wait (at most nodes.rdzv_timeout s) until node 0 answers
+    rendezvous.wait_for_endpoint("node0", 29500, timeout_s=5)
+
+An unreachable rendezvous is bad input: one LabsError line within the timeout, never a hang.
+"""
+from __future__ import annotations
+
+import re
+import socket
+import time
+
+from labs.errors import LabsError
+from labs.multinode import Nodes
+
+
+def check_endpoint(nodes: Nodes) -> None:
+    """Bounded checks of the meeting point before any rank starts. Node 0 must be the endpoint's host, with the
+    port free; every other node waits (at most rdzv_timeout seconds) for the port to answer."""
+    try:
+        addresses = {info[4][0] for info in socket.getaddrinfo(nodes.host, nodes.port, type=socket.SOCK_STREAM)}
+    except socket.gaierror as exc:
+        raise LabsError(f"rendezvous host '{nodes.host}' does not resolve here ({exc.strerror}): give node 0's "
+                        "name or IP address") from None
+    if nodes.node_rank == 0:
+        _check_can_listen(nodes, addresses)
+    elif nodes.node_rank:
+        wait_for_endpoint(nodes.host, nodes.port, nodes.rdzv_timeout)
+
+
+def _check_can_listen(nodes: Nodes, addresses: set) -> None:
+    """One of the endpoint's addresses is this host's (a name may also resolve to addresses elsewhere, e.g. IPv6),
+    and its port is free."""
+    if not any(_bindable(address) for address in addresses):
+        raise LabsError(f"--node-rank 0 runs where the rendezvous is, but {nodes.host} ({', '.join(sorted(addresses))})"
+                        " is not this host: run node 0 on it, or name this host in --rdzv-endpoint")
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind(("", nodes.port))
+        except OSError:
+            raise LabsError(f"--rdzv-endpoint {nodes.endpoint}: port {nodes.port} is in use on this host; choose "
+                            "another port (the same on every node)") from None
+
+
+def _bindable(address: str) -> bool:
+    with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((address, 0))
+            return True
+        except OSError:
+            return False
+
+
+def wait_for_endpoint(host: str, port: int, timeout_s: float, poll_s: float = 0.5) -> float:
+    """Wait until HOST:PORT accepts a connection (node 0 may start a little later); returns the seconds waited.
+    Nothing is sent: the connection opens and closes. A LabsError after `timeout_s`."""
+    start = time.monotonic()
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=max(0.1, min(2.0, timeout_s))):
+                return time.monotonic() - start
+        except OSError as exc:
+            reason = exc.strerror or type(exc).__name__
+        if time.monotonic() - start + poll_s > timeout_s:
+            raise LabsError(f"the rendezvous {host}:{port} did not answer within {timeout_s:g} s ({reason}): start "
+                            "node 0 first, check the address and that the port is open between the nodes, or raise "
+                            "--rdzv-timeout")
+        time.sleep(poll_s)
+
+
+def rendezvous_failure(log: str) -> str | None:
+    """One line when the launcher's log shows the nodes never met (the peers' side of a missing node)."""
+    joined = re.search(r"(\d+)/(\d+) clients joined", log)
+    if joined:
+        return (f"only {joined[1]} of {joined[2]} nodes came to the rendezvous in time (start the others, check "
+                "their --nnodes and --rdzv-endpoint, or raise --rdzv-timeout)")
+    if re.search(r"(?i)rendezvous.*timed? ?out|RendezvousTimeoutError", log):
+        return "the nodes did not all meet at the rendezvous in time (a node missing, or another --nnodes there)"
+    return None

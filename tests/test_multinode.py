@@ -1,0 +1,272 @@
+"""Several nodes through existing launchers: the flags, the commands and files labs generates, bad input refused in
+bounded time, and (end to end) two emulated nodes at 127.0.0.1 training like one node of the same world size."""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from labs import multinode, network, rendezvous
+from labs.cli import main
+from labs.errors import LabsError
+from labs.instruments import comm
+from labs.instruments.environment import launcher_environment
+
+from conftest import ROOT, run_labs
+
+
+# ---------------------------------------------------------------------------------------------- flags
+def test_endpoint_parsing():
+    assert multinode.parse_endpoint("node0:1234") == ("node0", 1234)
+    assert multinode.parse_endpoint("10.0.0.1") == ("10.0.0.1", multinode.DEFAULT_PORT)
+    assert multinode.parse_endpoint("[fe80::1]:29400") == ("fe80::1", 29400)
+    for bad in ("", "a:b:c", "node0:70000", "node0:"):
+        with pytest.raises(LabsError):
+            multinode.parse_endpoint(bad)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(nnodes=2, node_rank=2, endpoint="h:1"), "--node-rank 2 is out of range for --nnodes 2: use 0..1"),
+    (dict(nnodes=2, node_rank=-1, endpoint="h:1"), "--node-rank must be a whole number of at least 0"),
+    (dict(nnodes=2, node_rank=None, endpoint="h:1"), "give this node's rank too"),
+    (dict(nnodes=2, node_rank=0, endpoint=None), "give --rdzv-endpoint HOST:PORT"),
+])
+def test_torchrun_flags_refused(kwargs, message):
+    with pytest.raises(LabsError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        multinode.torchrun_nodes(**kwargs)
+
+
+def test_torchrun_command_uses_the_static_rendezvous(tmp_path):
+    nodes = multinode.torchrun_nodes(4, 3, "node0:29555", rdzv_timeout=30)
+    command = multinode.torchrun_command(nodes, 8, tmp_path)
+    assert command[1:3] == ["-m", "torch.distributed.run"]
+    for arg in ("--nnodes=4", "--node-rank=3", "--nproc-per-node=8", "--rdzv-backend=static",
+                "--rdzv-endpoint=node0:29555", "--rdzv-conf=timeout=30", "--max-restarts=0"):
+        assert arg in command
+    assert command[-3:] == ["-m", "labs.rank", str(tmp_path)] and "--standalone" not in command
+    assert nodes.world_size(8) == 32 and multinode.global_rank(3, 7, 8) == 31
+
+
+def test_flags_of_one_launcher_only():
+    assert multinode.from_flags() is None
+    with pytest.raises(LabsError, match="--include belongs to DeepSpeed's launcher"):
+        multinode.from_flags(nnodes=2, node_rank=0, rdzv_endpoint="h:1", include="a")
+    with pytest.raises(LabsError, match="need --nnodes"):
+        multinode.from_flags(node_rank=1)
+
+
+# ---------------------------------------------------------------------------------------------- DeepSpeed
+def _hostfile(tmp_path, text):
+    path = tmp_path / "hostfile"
+    path.write_text(text)
+    return path
+
+
+def test_hostfile_include_exclude_and_command(tmp_path):
+    path = _hostfile(tmp_path, "# two hosts\nworker-0 slots=4\nworker-1 slots=4\n")
+    nodes = multinode.deepspeed_nodes(path, exclude="worker-0:3@worker-1:3", master_addr="10.0.0.1")
+    assert nodes.hosts == {"worker-0": [0, 1, 2], "worker-1": [0, 1, 2]} and nodes.nnodes == 2
+    command = multinode.deepspeed_command(nodes, tmp_path / "run")
+    assert command[1:3] == ["-m", "deepspeed.launcher.runner"]
+    assert f"--hostfile={path.resolve()}" in command and "--exclude=worker-0:3@worker-1:3" in command
+    assert "--master_addr=10.0.0.1" in command and "--no_ssh" not in command
+    assert command[-4:] == ["--no_local_rank", "--module", "labs.rank", str(tmp_path / "run")]
+    one = multinode.deepspeed_nodes(path, include="worker-1", master_addr="10.0.0.1", node_rank=0)
+    assert one.hosts == {"worker-1": [0, 1, 2, 3]}
+    assert "--no_ssh" in multinode.deepspeed_command(one, tmp_path) and "--node_rank=0" in \
+        multinode.deepspeed_command(one, tmp_path)
+
+
+@pytest.mark.parametrize("text, kwargs, message", [
+    ("worker-0\nworker-1 slots=4\n", {}, "line 1 'worker-0' names no slots: write 'worker-0 slots=N'"),
+    ("worker-0 slots=0\n", {}, "slots must be at least 1"),
+    ("worker-0 slots=4\nworker-0 slots=4\n", {}, "multiple entries for worker-0"),
+    ("worker-0 slots=4\nworker-1 slots=2\n", dict(master_addr="a"), "different numbers of slots"),
+    ("worker-0 slots=4\n", dict(include="worker-9"), "--include 'worker-9'"),
+    ("worker-0 slots=4\nworker-1 slots=4\n", dict(master_addr="a", node_rank=2), "--node-rank 2 is out of range"),
+    ("worker-0 slots=4\nworker-1 slots=4\n", {}, "give --master-addr"),
+])
+def test_bad_hostfiles_are_named(tmp_path, text, kwargs, message):
+    with pytest.raises(LabsError, match=message.replace("(", r"\(")):
+        multinode.deepspeed_nodes(_hostfile(tmp_path, text), **kwargs)
+
+
+# ---------------------------------------------------------------------------------------------- run folders
+def test_only_node_zero_writes_out():
+    assert multinode.node_out(Path("runs/x"), None) == Path("runs/x")
+    assert multinode.node_out(Path("runs/x"), 0) == Path("runs/x")
+    assert multinode.node_out(Path("runs/x"), 3) == Path("runs/x.node3")
+
+
+# ---------------------------------------------------------------------------------------------- Slurm
+def test_slurm_script_runs_labs_once_per_node(tmp_path):
+    """The script as sbatch would run it, with stand-ins for scontrol and srun: each 'node' gets its rank and the
+    first host as rendezvous."""
+    assert main(["train", "--slurm", str(tmp_path / "job.sbatch"), "--nnodes", "3", "--nproc", "8", "--preset",
+                 "qwen2.5-7b", "--out", "runs/big", "--steps", "20"]) == 0
+    script = (tmp_path / "job.sbatch").read_text()
+    for line in ("#SBATCH --nodes=3", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=8",
+                 "srun --kill-on-bad-exit=1"):
+        assert line in script
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text("#!/bin/sh\nprintf 'gpu-a\\ngpu-b\\ngpu-c\\n'\n")
+    # srun: run the task once per node, as Slurm would, with that node's SLURM_NODEID; `exec` is replaced by echo.
+    (bin_dir / "srun").write_text('#!/bin/bash\nshift 2; for id in 0 1 2; do SLURM_NODEID=$id '
+                                  'bash -c "${3/exec /echo }"; done\n')
+    for tool in ("scontrol", "srun"):
+        (bin_dir / tool).chmod(0o755)
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", SLURM_JOB_NODELIST="gpu-[a-c]",
+               SLURM_JOB_NUM_NODES="3")
+    result = subprocess.run(["bash", str(tmp_path / "job.sbatch")], env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stdout.splitlines() if " -m labs train " in line]
+    assert len(lines) == 3
+    for node, line in enumerate(lines):
+        assert line.endswith(f"--nnodes 3 --node-rank {node} --rdzv-endpoint gpu-a:29500")
+        assert "--preset qwen2.5-7b --out runs/big --steps 20 --nproc 8" in line and "--slurm" not in line
+
+
+# ---------------------------------------------------------------------------------------------- rendezvous
+def test_wait_for_endpoint_answers_or_times_out():
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        assert rendezvous.wait_for_endpoint("127.0.0.1", port, 5) < 5
+    start = time.monotonic()
+    with pytest.raises(LabsError, match=f"127.0.0.1:{port} did not answer within 1 s"):
+        rendezvous.wait_for_endpoint("127.0.0.1", port, 1)
+    assert time.monotonic() - start < 5
+
+
+def test_node_zero_must_hold_the_endpoint_with_a_free_port():
+    with pytest.raises(LabsError, match="192.0.2.1 .192.0.2.1. is not this host"):
+        rendezvous.check_endpoint(multinode.torchrun_nodes(2, 0, "192.0.2.1:29500"))    # TEST-NET: nobody's
+    with socket.socket() as taken:
+        taken.bind(("", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(LabsError, match=f"port {port} is in use on this host"):
+            rendezvous.check_endpoint(multinode.torchrun_nodes(2, 0, f"127.0.0.1:{port}"))
+
+
+def test_a_missing_node_is_named_from_the_launcher_log():
+    log = "torch.distributed.DistStoreError: Timed out after 6 seconds waiting for clients. 1/2 clients joined."
+    assert rendezvous.rendezvous_failure(log).startswith("only 1 of 2 nodes came to the rendezvous")
+    assert rendezvous.rendezvous_failure("RuntimeError: boom") is None
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--nnodes", "2", "--node-rank", "5", "--rdzv-endpoint", "127.0.0.1:29500"], "--node-rank 5 is out of range"),
+    (["--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", "127.0.0.1:PORT", "--rdzv-timeout", "2"],
+     "did not answer within 2 s"),
+    (["--hostfile", "HOSTFILE"], "names no slots"),
+])
+def test_bad_launcher_input_is_one_line_and_exit_2(tmp_path, args, message):
+    with socket.socket() as probe:           # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    _hostfile(tmp_path, "worker-0\n")
+    args = [a.replace("PORT", str(port)).replace("HOSTFILE", str(tmp_path / "hostfile")) for a in args]
+    result = run_labs("train", "--out", tmp_path / "run", *args, timeout=60)
+    assert result.returncode == 2 and message in result.stderr
+    assert result.stderr.count("\n") == 1 and not (tmp_path / "run").exists() and not (tmp_path / "run.node1").exists()
+
+
+# ---------------------------------------------------------------------------------------------- the model
+def test_network_model_collectives():
+    cluster = network.Cluster(gpus_per_node=8, nodes=4, intra_gbps=450, inter_gbps=400)
+    zero3 = network.counted(network.collectives("ZeRO-3", 1000, cluster))
+    assert zero3 == {"all_gather": {"bytes": 4000, "bytes_across_nodes": 4000},
+                     "reduce_scatter": {"bytes": 2000, "bytes_across_nodes": 2000}}
+    hpz = network.counted(network.collectives("ZeRO++ hpZ", 1000, cluster, regathered=3000))
+    assert hpz["all_gather"] == {"bytes": 2000 + 6000, "bytes_across_nodes": 2000}
+    # A ring over all 32 ranks sends 31/32 of its payload out of each node; the paper's 3M -> 0.75M per node.
+    z3 = network.step_time("ZeRO-3", 1000, cluster, compute_s=1)
+    zpp = network.step_time("ZeRO++ hpZ+qwZ+qgZ", 1000, cluster, compute_s=1)
+    assert z3["node_out_bytes"] == pytest.approx(3 * 2000 * 31 / 32)
+    assert zpp["node_out_bytes"] == pytest.approx(1000 * 31 / 32 + 500 * 3 / 4)
+    hsdp = network.collectives("FSDP2 hybrid", 1000, cluster)[-1]
+    assert (hsdp.kind, hsdp.group, hsdp.node_out_bytes) == ("all_reduce", 4, pytest.approx(8 * 2 * 500 * 3 / 4))
+    one_node = network.collectives("ZeRO-3", 1000, network.Cluster(8, 1, 450, 400))
+    assert not any(c.across_nodes for c in one_node)
+    assert z3["overlapped_s"] == max(z3["comm_s"], 1) and z3["serial_s"] == z3["comm_s"] + 1
+
+
+def test_groups_spanning_nodes_and_the_launcher_environment():
+    assert comm.spans_nodes([0, 1], 2) is False and comm.spans_nodes([1, 2], 2) is True
+    env = launcher_environment({"RANK": "3", "TORCHELASTIC_RUN_ID": "x", "NCCL_DEBUG": "INFO", "HOME": "/root"})
+    assert env == {"NCCL_DEBUG": "INFO", "RANK": "3", "TORCHELASTIC_RUN_ID": "x"}
+
+
+# ---------------------------------------------------------------------------------------------- end to end
+@pytest.fixture(scope="module")
+def two_nodes(tmp_path_factory):
+    """2 emulated nodes x 1 rank (ZeRO-3, tiny, 3 steps), and the same run on 1 node x 2 ranks."""
+    from labs.course import multinode as emulation
+
+    folder = tmp_path_factory.mktemp("multinode")
+    nodes = emulation.emulate(folder / "two", nnodes=2, nproc_per_node=1, steps=3,
+                              instruments=("state_bytes", "comm", "rank_env"))
+    single = emulation.single_node(folder / "one", nproc=2, steps=3)
+    return nodes, single
+
+
+def test_two_nodes_train_like_one(two_nodes):
+    nodes, single = two_nodes
+    assert nodes.run.losses == single.losses and len(single.losses) == 3
+    node1 = nodes.folders[1]
+    assert node1.name == "two.node1" and (node1 / "launch.log").exists() and not (node1 / "summary.json").exists()
+    assert "--node-rank=1" in (node1 / "command.txt").read_text()
+    envs = [r["env"] for r in nodes.run.summary["rank_env"]]
+    assert [(e["RANK"], e["GROUP_RANK"], e["LOCAL_RANK"], e["WORLD_SIZE"]) for e in envs] == \
+        [("0", "0", "0", "2"), ("1", "1", "0", "2")]
+    assert "done: node 1's ranks finished" in nodes.outputs[1]
+
+
+def test_counted_bytes_across_nodes_match_the_model(two_nodes):
+    nodes, _ = two_nodes
+    counted = comm.per_step(nodes.run.metrics)
+    params = nodes.run.summary["params"]
+    # Default reuse distance: the tiny model keeps its gathered parameters for backward (regathered 0).
+    model = network.counted(network.collectives("ZeRO-3", params, network.Cluster(1, 2, 1, 1), regathered=0))
+    for kind in ("all_gather", "reduce_scatter"):
+        assert counted[kind]["bytes_across_nodes"] == counted[kind]["bytes"] == model[kind]["bytes_across_nodes"]
+
+
+def test_deepspeeds_launcher_without_ssh_trains_the_same(two_nodes, tmp_path):
+    from labs.course import multinode as emulation
+
+    _, single = two_nodes
+    nodes = emulation.emulate(tmp_path / "ds", nnodes=2, nproc_per_node=1, steps=3, launcher="deepspeed",
+                              instruments=("state_bytes", "rank_env"))
+    assert "--no_ssh" in (tmp_path / "ds" / "command.txt").read_text() and nodes.run.losses == single.losses
+    assert [(e["env"]["RANK"], e["env"]["CROSS_RANK"], e["env"]["LOCAL_SIZE"]) for e in nodes.run.summary["rank_env"]] \
+        == [("0", "0", "1"), ("1", "1", "1")]
+
+
+def test_sigint_on_one_node_stops_every_process_of_both(tmp_path):
+    from labs.course import multinode as emulation
+
+    port = emulation.free_port()
+    commands = [emulation.train_command(tmp_path / "run", k, 2, port, 1, steps=500) for k in (0, 1)]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    logs = [tmp_path / f"node{k}.log" for k in (0, 1)]
+    procs = [subprocess.Popen([c for c in command if c != "--quiet"], env=env, stdout=open(log, "w"),
+                              stderr=subprocess.STDOUT) for command, log in zip(commands, logs)]
+    deadline = time.monotonic() + 300
+    while "step " not in logs[0].read_text() and time.monotonic() < deadline:
+        assert all(p.poll() is None for p in procs), logs[0].read_text()[-2000:]
+        time.sleep(0.5)
+    procs[1].send_signal(signal.SIGINT)
+    codes = [p.wait(timeout=60) for p in procs]
+    assert codes[1] == 130 and codes[0] == 1
+    assert "labs: interrupted" in logs[1].read_text()
+    assert "several nodes: a rank elsewhere may have failed first" in logs[0].read_text()
+    left = subprocess.run(["pgrep", "-f", f"labs.rank {tmp_path}"], capture_output=True, text=True).stdout.split()
+    assert not left and not (tmp_path / "run").exists() and not (tmp_path / "run.node1").exists()
