@@ -20,21 +20,21 @@ CLAIMS = [
           "4x and 8x are the limits for very many GPUs, not what a few give: the model states shrink {z1_4}x (ZeRO-1) "
           "and {z2_4}x (ZeRO-2) on 4 GPUs, and {z1_1024}x and {z2_1024}x on 1024.",
           "{z1_4}x and {z2_4}x on 4 GPUs",
-          (Read(CH1, SUMS, r"ZeRO-1: seed 001 promises 4x; on 4 GPUs it is (\S+)x, on 1024 GPUs (\S+)x",
+          (Read(CH1, SUMS, r"ZeRO-1: the DeepSpeed chapter promises 4x; on 4 GPUs it is (\S+)x, on 1024 GPUs (\S+)x",
                 ("z1_4", "z1_1024")),
-           Read(CH1, SUMS, r"ZeRO-2: seed 001 promises 8x; on 4 GPUs it is (\S+)x, on 1024 GPUs (\S+)x",
+           Read(CH1, SUMS, r"ZeRO-2: the DeepSpeed chapter promises 8x; on 4 GPUs it is (\S+)x, on 1024 GPUs (\S+)x",
                 ("z2_4", "z2_1024")))),
     Claim("001", "1", "A 7B model's states: 14 GB of fp16 weights, 14 GB of fp16 gradients, Adam states of ~28 GB "
           "(its header) or (4+4) x 7B = 56 GB (its own line): 84 GB per GPU under plain data parallelism.", "false",
           "mixed-precision Adam also keeps fp32 master weights: its states are {adam} GB, and the total {paper} GB "
-          "(ZeRO paper), {ds} GB in DeepSpeed's accounting, which also counts an fp32 copy of the gradients.",
+          "(ZeRO paper), {ds} GB by DeepSpeed's estimator rules, which also count an fp32 copy of the gradients.",
           "{adam} GB of optimizer states; {paper} GB in all (paper)",
           (sums_row("001", "Adam states (header / its own line)", "adam", "_"),
            sums_row("001", "no ZeRO, per GPU", "paper", "ds"))),
     Claim("001", "1", "On 4 GPUs a 7B model needs 42 GB per GPU under ZeRO-1, 28 GB (its figure) or 31.5 GB (its "
           "sum) under ZeRO-2, and 21 GB under ZeRO-3.", "false",
           "each is built on the undercounted 84 GB above and is too low: {z1} / {z2} / {z3} GB by the ZeRO paper, "
-          "{z1_ds} / {z2_ds} / {z3_ds} GB in DeepSpeed's accounting.", "{z1} / {z2} / {z3} GB (paper)",
+          "{z1_ds} / {z2_ds} / {z3_ds} GB by DeepSpeed's estimator rules.", "{z1} / {z2} / {z3} GB (paper)",
           (sums_row("001", "ZeRO-1 on 4 GPUs, per GPU", "z1", "z1_ds"),
            sums_row("001", "ZeRO-2 on 4 GPUs (diagram / text)", "z2", "z2_ds"),
            sums_row("001", "ZeRO-3 on 4 GPUs, per GPU", "z3", "z3_ds"))),
@@ -44,7 +44,7 @@ CLAIMS = [
           "bf16 gradient partition), not Adam's two moments alone: {per_gpu} GB per GPU, {per_host} GB per 4-GPU "
           "host.", "{per_gpu} GB per GPU in host memory",
           (Read(CH3, "Where the tensors are", r"host side: (\S+) bytes per partitioned parameter", ("bytes",)),
-           Read(CH1, SUMS, r"it is (\S+) GB per GPU, (\d+) GB per 4-GPU host", ("per_gpu", "per_host")))),
+           Read(CH1, SUMS, r"(\S+) GB of host memory per GPU, (\d+) GB per 4-GPU host", ("per_gpu", "per_host")))),
     Claim("001", "1", "Under offload, forward brings each layer's parameters from the CPU, backward sends them back, "
           "and the optimizer updates on the CPU before copying back.", "partly",
           "that is `offload_param` and `offload_optimizer` together; with the optimizer alone offloaded (the "

@@ -12,16 +12,18 @@ from labs.course.sources import Read
 CH1, CH2, CH3, CH4, CH5 = ("01_memory_math", "02_zero_stages", "03_offload", "04_mixed_precision",
                            "05_checkpointing")
 CH6, CH7, CH8, CH9 = "06_multi_node", "07_fsdp", "08_trainer_and_accelerate", "09_qwen7b_on_gpu"
-SUMS = "The seeds' 7B sums, recomputed"           # chapter 1's table of both tutorials' 7B sums
+SUMS = "The tutorials' 7B sums, recomputed"       # chapter 1's table of both tutorials' 7B sums
+SUMS_TUTORIAL = {"000": "Qwen-7B guide", "001": "DeepSpeed chapter"}   # how that table names them
 SCENARIOS = "The seeds' scenarios, recomputed"   # chapter 3's 24 GB scenarios
 SNIPPETS = "The source tutorials' snippets, graded"
 STAGES_RUN_A = "ZeRO-1, ZeRO-2, ZeRO-3 and FSDP2 with the same levers (run a)"
 
 
-def sums_row(seed: str, label: str, *names: str) -> Read:
-    """The last len(names) columns of one row of chapter 1's table of the seeds' sums (paper GB, DeepSpeed GB)."""
-    fields = r"\s+".join(r"(\S+)" for _ in names)
-    return Read(CH1, SUMS, rf"^\s*{seed}\s+{_literal(label)}\s.*?{fields}\s*$", names)
+def sums_row(tutorial: str, label: str, paper: str, rules: str) -> Read:
+    """One row of chapter 1's table of the tutorials' sums: the paper's GB and DeepSpeed's rules' GB ("-" where
+    none), the two columns before the last (whose rules those are)."""
+    return Read(CH1, SUMS, rf"^{SUMS_TUTORIAL[tutorial]}\s+{_literal(label)}\s.*?\s(\d+\.\d)\s+(\S+)\s+"
+                r"(?:DeepSpeed|labs' extension|-)\s*$", (paper, rules))
 
 
 def stage_row(stage: int, category: str, *names: str) -> Read:
