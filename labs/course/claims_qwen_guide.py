@@ -52,7 +52,8 @@ CLAIMS = [
           (stage_row(0, "params", "p0"), stage_row(3, "params", "p3"))),
     Claim("000", "2.2", "Qwen-7B under ZeRO-3 on 4 GPUs stores about 42 GB per card instead of 120 GB.", "false",
           "ZeRO-3 partitions all {bytes} bytes per parameter: {paper} GB per GPU in the ZeRO paper's count, {ds} GB by "
-          "DeepSpeed's estimator; 42 GB is the other tutorial's ZeRO-1 figure. Nor is 120 GB the guide's own unpartitioned "
+          "DeepSpeed's estimator; 42 GB is the other tutorial's ZeRO-1 figure. Nor is 120 GB the guide's own "
+          "unpartitioned "
           "total ({total} GB).",
           "{paper} GB (paper), {ds} GB (DeepSpeed's estimator)",
           (sums_row("000", "ZeRO-3 on 4 GPUs, per GPU", "paper", "ds"), BYTES_PER_PARAM,
@@ -155,7 +156,8 @@ CLAIMS = [
           (scenario_row("qwen-7b, 4 x RTX3090, ZeRO-3", "optimizer", "opt"),)),
     Claim("000", "6.2", "On 2 x A100 80 GB, ZeRO-1 uses 94 GB per GPU.", "false",
           "a card of 80 GB cannot report 94 GB, and the run cannot fit one: Qwen-7B's model states alone are {paper} "
-          "GB (paper) or {ds} GB (DeepSpeed's rules, as labs extends them to ZeRO-1) per GPU under ZeRO-1 on 2 GPUs, and even one sequence of "
+          "GB (paper) or {ds} GB (DeepSpeed's rules, as labs extends them to ZeRO-1) per GPU under ZeRO-1 on 2 GPUs, "
+          "and even one sequence of "
           "{tokens} tokens with every layer checkpointed peaks at {peak} GiB, against {usable} GiB usable on an "
           "A100-80GB.", "{peak} GiB peak against {usable} GiB usable",
           (Read(CH1, SUMS, r"ZeRO-1 on 2 GPUs: model states alone (\S+) GB \(paper\), (\S+) GB", ("paper", "ds")),
