@@ -118,8 +118,8 @@ def single_node(out, nproc=2, steps=6, config="zero3.json", instruments=("state_
 
 def _node_env() -> dict:
     """One thread per rank (the nodes share this machine's cores), and no GPU: CUDA_VISIBLE_DEVICES empty makes
-    labs train on the CPU with gloo (and DeepSpeed's CPU accelerator)."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    labs train on the CPU with gloo, with DeepSpeed's CPU accelerator (also where this process named cuda)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", DS_ACCELERATOR="cpu")
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     return env
 
