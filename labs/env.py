@@ -16,7 +16,7 @@ def repaired_environment(nproc: int, cpu_offload: bool, base: dict | None = None
                          cores: int | None = None) -> tuple[dict, list[str]]:
     """A copy of the environment for the ranks, with known traps fixed; returns it and what changed.
     Everything else (NCCL_NVLS_ENABLE=0 and the like) is inherited unchanged. `cores` defaults to this
-    machine's (give another to see what a bigger host would get)."""
+    process's usable CPUs (give another to see what a bigger host would get)."""
     env = dict(os.environ if base is None else base)
     changes = []
     arch = env.get("TORCH_CUDA_ARCH_LIST", "")
@@ -25,7 +25,7 @@ def repaired_environment(nproc: int, cpu_offload: bool, base: dict | None = None
         # DeepSpeed 0.19's JIT builder reads '9.0a' as an int and crashes while building FusedAdam.
         env["TORCH_CUDA_ARCH_LIST"] = fixed
         changes.append(f"TORCH_CUDA_ARCH_LIST {arch!r} -> {fixed!r} (DeepSpeed's op builder cannot parse 'a')")
-    cores = cores or os.cpu_count() or 1
+    cores = cores or usable_cores()
     threads = max(1, cores // max(1, nproc))
     if "OMP_NUM_THREADS" not in env or (cpu_offload and env["OMP_NUM_THREADS"] == "1" and threads > 1):
         # torchrun sets OMP_NUM_THREADS=1 for several ranks; CPU-Adam then steps on one core.
@@ -41,6 +41,11 @@ def repaired_environment(nproc: int, cpu_offload: bool, base: dict | None = None
     env.setdefault("PYTHONWARNINGS", "ignore::FutureWarning")   # DeepSpeed calls deprecated torch.distributed APIs
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     return env, changes
+
+
+def usable_cores() -> int:
+    """The CPUs this process may run on (a Slurm task's or a container's share), not all of the machine's."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def extensions_dir() -> str:
