@@ -255,7 +255,7 @@ def resumed_losses(runs: dict, checkpoint_step: int, reference: str, tolerance: 
 
 
 def checkpoint_sizes(rows: list[dict], ax=None, title="bytes per parameter on disk"):
-    """Bars from labs.course.checkpoints.size_rows: measured bytes per parameter of each format, with chapter 1's
+    """Bars from labs.course.checkpoints.size_rows: measured bytes per parameter of each format, with labs.memory's
     bytes per parameter marked."""
     ax = ax or plt.subplots(figsize=(7, 3))[1]
     rows = [r for r in rows if r["per_param"] is not None]

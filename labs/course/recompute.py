@@ -162,7 +162,7 @@ def qwen7b_rows(preset="qwen-7b", micro_batch=1, seq_len=4096, gpus=8, ks=(0, 4,
     recompute FLOPs as a share of the decoder's FLOPs (as measured_rows counts them) and of the whole step's."""
     dims = models.shape(preset)
     layers = dims["num_hidden_layers"]
-    decoder, whole = decoder_flops_per_token(dims, seq_len), models.flops_per_token(dims, seq_len)
+    decoder_flops, whole_flops = decoder_flops_per_token(dims, seq_len), models.flops_per_token(dims, seq_len)
     rows = []
     for k in ks:
         k = min(k, layers)
@@ -172,8 +172,8 @@ def qwen7b_rows(preset="qwen-7b", micro_batch=1, seq_len=4096, gpus=8, ks=(0, 4,
         rows.append(dict(k=k, decoder_bytes=decoder["layers kept whole"] + decoder["checkpointed layer inputs"],
                          activation_peak_bytes=activation_peak(dims, micro_batch, seq_len, k),
                          total_per_gpu_bytes=estimate.total_per_gpu_bytes, peak_phase=estimate.peak_phase,
-                         extra_compute=k * recompute_flops_per_token(dims, seq_len) / decoder,
-                         extra_compute_whole_step=k * recompute_flops_per_token(dims, seq_len) / whole))
+                         extra_compute=k * recompute_flops_per_token(dims, seq_len) / decoder_flops,
+                         extra_compute_whole_step=k * recompute_flops_per_token(dims, seq_len) / whole_flops))
     return rows
 
 
