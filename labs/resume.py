@@ -115,9 +115,9 @@ def plan(resume, spec: dict, resolved: dict) -> dict:
         # DeepSpeed 0.19.8 writes the universal checkpoint's common optimizer state in one format for ZeRO-1/2 and
         # another for ZeRO-3, and each stage reads only its own: ZeRO-2 -> 3 and 3 -> 2 fail inside every rank.
         raise LabsError(f"--resume: ZeRO-{saved['zero_stage']} on {saved['world_size']} rank(s) -> ZeRO-{stage} on "
-                        f"{spec['nproc']}: DeepSpeed's universal checkpoint changes the number of ranks, and the stage "
-                        "only within ZeRO-1/2 (ZeRO-3 stays ZeRO-3); keep the stage family, or export the model "
-                        "(labs export) and start a new run from it with --model-path")
+                        f"{spec['nproc']}: DeepSpeed's universal checkpoint changes the stage only within ZeRO-1/2 "
+                        "(ZeRO-3 stays ZeRO-3); keep the stage family, or export the model (labs export RUN_DIR "
+                        "OUT_DIR) and start a new run from it with --model-path OUT_DIR")
     local = Path(checkpoint.FOLDER) / path.name        # the copy in the new run folder, relative to it
     return dict(run=str(run_dir.resolve()), source=str(path.resolve()), step=saved["step"],
                 universal=universal, checkpoint=str(local),

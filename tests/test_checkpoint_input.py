@@ -111,7 +111,7 @@ def test_save_every_zero_and_save_every_where_labs_cannot_save(tmp_path, capsys)
     (("--seed", 1), "--seed was 0 when checkpoint 'step00000004' was written, not 1"),
     (("--seq-len", 32), "--seq-len was 64 when checkpoint 'step00000004' was written, not 32"),
     (("--micro-batch", 1), "the global batch was 4 sequences per step, not 2"),
-    (("--config", "zero2.json"), "ZeRO-3 on 2 rank(s) -> ZeRO-2 on 2: DeepSpeed's universal checkpoint changes"),
+    (("--config", "zero2.json"), "ZeRO-3 on 2 rank(s) -> ZeRO-2 on 2: DeepSpeed's universal checkpoint changes the stage only"),
     (("--engine", "fsdp2"), "labs resumes DeepSpeed runs"),
     (("--nproc", 4), "--nproc 4: checkpoint 'step00000004' was written by 2 rank(s), and labs resumes it on as many "
                      "ranks or fewer; to train on more GPUs, export the model (labs export RUN_DIR OUT_DIR) and "
