@@ -1,10 +1,11 @@
 """Resuming a run from its checkpoints, on the host (labs.launch calls these; the ranks load in labs.checkpoint).
 
 - `options`: what a resumed run takes: the run's own inputs (run.json, its resolved batch and learning rate), then
-  whatever the caller changed (more --steps, another --nproc or --config, another --out).
+  whatever the caller changed (more --steps, fewer --nproc, another --config or --out).
 - `plan`: the checks that keep it the same run (the model's shape, the data order: seed, data, sequence length,
-  global batch; the precision) and how its ranks load the checkpoint: as written, or, when the number of ranks or
-  the ZeRO stage changes, through DeepSpeed's universal checkpoint (converted by `prepare_work`).
+  global batch; the precision; no more ranks than wrote it, no move between ZeRO-1/2 and ZeRO-3) and how its ranks
+  load the checkpoint: as written, or, on fewer ranks or another stage of the same family, through DeepSpeed's
+  universal checkpoint (converted by `prepare_work`).
 - `prepare_work`: the new run folder starts with the old one's checkpoints (hard links) and its metrics up to the
   checkpoint, so a resumed run folder tells the whole story, step 1 on.
 - `keep_interrupted`: a run that fails after a complete checkpoint is published as a run folder marked
