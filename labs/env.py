@@ -53,7 +53,8 @@ def ops_to_build(on_gpu: bool, cpu_offload: bool, fused_adam: bool) -> list[str]
     communication op on a machine without a GPU, CPU Adam with an offloaded optimizer, FusedAdam on a GPU."""
     wanted = (["deepspeed_shm_comm"] if not on_gpu else []) + (["cpu_adam"] if cpu_offload else []) + \
         (["fused_adam"] if on_gpu and fused_adam and not cpu_offload else [])
-    # The ranks get TORCH_EXTENSIONS_DIR (rank_env), and torch then builds into DIR/NAME/, with no pyXY_cpu folder.
+    # The ranks always get TORCH_EXTENSIONS_DIR (repaired_environment), and torch then builds each op straight in
+    # <dir>/<op>/ (the py3XX_cpu / py3XX_cuXXX subfolder is only for its own default root).
     return [op for op in wanted if not os.path.isfile(os.path.join(extensions_dir(), op, f"{op}.so"))]
 
 
@@ -92,9 +93,16 @@ def report() -> dict:
     return info
 
 
+def name_deepspeed_accelerator() -> str:
+    """Tell DeepSpeed which accelerator this process has (cuda with a GPU, else cpu) before it is first imported, as
+    `repaired_environment` does for the ranks; left to guess, DeepSpeed logs a warning ("Setting accelerator to
+    CPU ...") on every machine without a GPU. A value already set wins. Returns the name."""
+    return os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
+
+
 def _deepspeed_ops() -> dict:
     """Can each op that the course uses be built (just in time) on this machine?"""
-    os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
+    name_deepspeed_accelerator()
     from deepspeed.accelerator import get_accelerator
 
     ops = {}

@@ -10,8 +10,9 @@ from labs.course import exercises
     ("03.1", 16, 12),
     ("03.2", 8, 1),
     ("03.3", "optimizer", "none"),
-    ("01.1", 16, 12),
-    ("01.2", 28.6, 7e9 * 16 / 8 / 1e9),             # the seeds' "7B" is not Qwen2.5-7B
+    ("01.1", 6.5, 2 + 14 / 4),                      # DeepSpeed counts 18 partitioned bytes, the paper 14
+    ("01.2", "optimizer_step", "loss_backward"),    # with activations small, the fp32 copy of the update decides
+    ("01.5", 18 * 7_615_616_512 / 1e9, 12 * 7_615_616_512 / 1e9),   # fp32 grads and ZeRO-3's bf16 ones go too
     ("08.1", 16 * 4 * 8, 4 * 8),                    # HF multiplies by the ranks too
     ("08.2", 4000, 1000),                           # accelerate divides by the processes: multiply first
     ("08.3", 1, 2),                                 # the first step's 0 is DeepSpeed's, not the warm-up's
