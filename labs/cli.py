@@ -82,7 +82,8 @@ def _train_args(sub):
                                                                          "the last (default: none)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue RUN_DIR from its newest complete checkpoint (or the "
                                                         "checkpoint folder named), with its settings except the flags "
-                                                        "given; --out defaults to RUN_DIR (default: a new run)")
+                                                        "given; --out defaults to RUN_DIR; --nproc may shrink, not grow "
+                                                        "(default: a new run)")
     p.add_argument("--instruments", type=lambda text: tuple(n for n in text.split(",") if n),
                    default=("state_bytes",), help="comma-separated measurements besides training: state_bytes, "
                                                   "comm, zero_buffers, state_dict, probe_logits, rank_env "
