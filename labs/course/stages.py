@@ -52,7 +52,7 @@ def _launch(out, config, steps, precision, label, options):
     print(f"{label}: {steps} steps of '{options['preset']}' ...", end=" ", flush=True)
     start = time.perf_counter()
     run = launch.run(config=config, steps=steps, out=out, precision=precision, stream=False, **options)
-    print(f"done in {time.perf_counter() - start:.0f} s on {run.spec['nproc']} ranks", flush=True)
+    print(f"done on {run.spec['nproc']} ranks in {time.perf_counter() - start:.0f} s", flush=True)
     return run
 
 
