@@ -32,7 +32,8 @@ INHERITED = {"preset": "preset", "config": "config", "steps": "steps", "seed": "
              "model_path": "model_path", "seq_len": "seq_len", "data": "data_path", "loss": "loss",
              "activation_checkpointing": "activation_checkpointing", "warmup_steps": "warmup_steps",
              "engine": "engine", "stock": "stock", "kernels": "kernels", "precision": "precision",
-             "instruments": "instruments", "gpu_memory_bytes": "gpu_memory", "save_every": "save_every"}
+             "instruments": "instruments", "gpu_memory_bytes": "gpu_memory", "save_every": "save_every",
+             "device": "device"}
 # What must not change, or the resumed run would not continue the same training (the data order, the numbers).
 SAME = {"seq_len": "--seq-len", "seed": "--seed", "data": "--data", "precision": "the precision"}
 

@@ -15,7 +15,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from labs import CONFIGS, launch, memory
+import torch
+
+from labs import CONFIGS, launch, memory, preflight
 from labs.bench import results
 from labs.instruments import comm
 
@@ -55,9 +57,18 @@ ROWS = {row.what: row for row in MAPPING}
 def run_mapping(out, steps=6, rows=MAPPING, **launch_options) -> dict:
     """One FSDP2 and one DeepSpeed launch per row, same preset, seed, data and steps (so every 2-rank run has the
     same batches and learning-rate schedule, and any two can be compared); bf16 as the files say. Returns
-    {row name: {"fsdp2": Run, "deepspeed": Run}}. The first row also writes and describes a real checkpoint."""
+    {row name: {"fsdp2": Run, "deepspeed": Run}}. The first row also writes and describes a real checkpoint.
+
+    Every run uses CPU ranks (gloo), on a GPU host too: the tiny model needs no GPU, one GPU could not hold two
+    ranks, and the chapter's checked numbers (bf16 rounding on a CPU) come out the same on every machine. A row
+    that needs more ranks than this host starts (labs.preflight.ranks_that_fit) is skipped with one printed line."""
+    launch_options = {"preset": "tiny", "device": "cpu", **launch_options}
+    fit = preflight.ranks_that_fit(on_gpu=launch_options["device"] != "cpu" and torch.cuda.is_available())
     pairs = {}
     for index, row in enumerate(rows):
+        if row.ranks > fit:
+            print(f"{row.what} row skipped: it needs {row.ranks} ranks and this machine starts at most {fit}")
+            continue
         instruments = MAIN_INSTRUMENTS if index == 0 else ROW_INSTRUMENTS
         pairs[row.what] = {engine: _launch(Path(out) / f"{_slug(row.what)}_{engine}", file, steps, row.ranks,
                                            instruments, launch_options)
@@ -66,13 +77,14 @@ def run_mapping(out, steps=6, rows=MAPPING, **launch_options) -> dict:
 
 
 def _launch(out, file, steps, ranks, instruments, options):
-    options = {"preset": "tiny", **options}
-    print(f"{file}: {steps} steps of '{options['preset']}' on {ranks} ranks ...", end=" ", flush=True)
+    where = "CPU ranks" if options.get("device") == "cpu" else "ranks"
+    print(f"{file}: {steps} steps of '{options['preset']}' on {ranks} {where} ...", end=" ", flush=True)
     start = time.perf_counter()
     run = launch.run(config=CONFIGS / file, steps=steps, nproc=ranks, out=out, stream=False, instruments=instruments,
                      **options)
     print(f"done in {time.perf_counter() - start:.0f} s", flush=True)
     return run
+
 
 
 def _slug(text: str) -> str:
