@@ -53,9 +53,9 @@ def ops_to_build(on_gpu: bool, cpu_offload: bool, fused_adam: bool) -> list[str]
     communication op on a machine without a GPU, CPU Adam with an offloaded optimizer, FusedAdam on a GPU."""
     wanted = (["deepspeed_shm_comm"] if not on_gpu else []) + (["cpu_adam"] if cpu_offload else []) + \
         (["fused_adam"] if on_gpu and fused_adam and not cpu_offload else [])
-    flavour = f"py{sys.version_info.major}{sys.version_info.minor}_" + \
-        (f"cu{torch.version.cuda.replace('.', '')}" if on_gpu and torch.version.cuda else "cpu")
-    built = os.path.join(extensions_dir(), flavour)
+    # The ranks get TORCH_EXTENSIONS_DIR (repaired_environment), and torch then builds into it directly, without
+    # the pyXY_cuZZ folder it adds under its default root.
+    built = extensions_dir()
     return [op for op in wanted if not os.path.isfile(os.path.join(built, op, f"{op}.so"))]
 
 

@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 
+from labs import data, models
 from labs.env import repaired_environment
 
 
@@ -150,8 +151,6 @@ def _host_adam(numel: int, steps: int) -> dict:
 
 def _bf16_grid(lrs: list[float], steps: int) -> dict:
     import torch
-
-    from labs import data, models
 
     cpu = torch.device("cpu")
     batches = list(_take(data.rank_batches(data.pack(data.corpus_tokens(), 64), 4, 0, 1, seed=0), steps))
