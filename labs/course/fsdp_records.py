@@ -119,8 +119,8 @@ def decision_rows(pairs: dict, gpu: list[dict], grid: dict) -> list[dict]:
         dict(if_="the sharded model states fit either way", choose="either (FSDP2: PyTorch alone, no extra package)",
              because=f"same bytes of model state: {full[0]:.2f} (FSDP2) and {full[1]:.2f} (ZeRO-3) per parameter per "
                      f"rank on {ranks} ranks; same losses to bf16 rounding on CPU at lr {lr:g}, but at lr "
-                     f"{small['lr']:g} a model built in bf16 (DeepSpeed) learned {small['ratio']:.2f}x as much as "
-                     "one built in fp32 (FSDP2) by the last step"),
+                     f"{small['lr']:g} the probe's master on the bf16 grid (DeepSpeed's) learned "
+                     f"{'less than' if small['ratio'] < 0.9 else 'about as much as'} one off it (FSDP2's)"),
         dict(if_="GPU speed and peak memory matter most", choose="FSDP2 (one recorded configuration)",
              because=f"H200 run a, same levers: FSDP2 {fsdp_a['tokens_per_s_per_gpu'] / zero3_a['tokens_per_s_per_gpu']:.2f}"
                      f"x ZeRO-3's tokens/s and {fsdp_a['tokens_per_s_per_gpu'] / zero2_a['tokens_per_s_per_gpu']:.2f}x "
