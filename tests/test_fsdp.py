@@ -120,11 +120,12 @@ def test_cpu_ranks_on_any_host(tmp_path):
 
 
 def test_bf16_grid_probe():
-    """A fp32 master that starts on the bf16 grid (DeepSpeed's) changes fewer bf16 weights at lr 1e-5 than one
-    that starts off it (FSDP2's); at lr 5e-3 both learn alike."""
-    small, large = fsdp_vs_zero.grid_summary(fsdp_probes.bf16_grid(lrs=(1e-5, 5e-3), steps=3))
-    assert small["on_changed"] < small["off_changed"] and small["off_fell"] > 0
-    assert large["ratio"] == pytest.approx(1.0, abs=0.01)
+    """After one update at lr 1e-5, a fp32 master that started on the bf16 grid (DeepSpeed's) has changed fewer
+    bf16 weights, and lowered the loss less, than one that started off it (FSDP2's). (The notebook runs the
+    longer comparison, with the chapter's lr as the control.)"""
+    [small] = fsdp_vs_zero.grid_summary(fsdp_probes.bf16_grid(lrs=(1e-5,), steps=2))
+    assert small["on_changed"] < small["off_changed"]
+    assert 0 < small["on_fell"] < small["off_fell"]
 
 
 # ---------------------------------------------------------------------------------------------- real ranks
