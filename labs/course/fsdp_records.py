@@ -42,7 +42,8 @@ def gpu_losses(run: str = RUN_A, cases=LOSS_CASES) -> list[dict]:
     for case in cases:
         row = results.find(table, run, case)
         optimizer = row["ds_config"]["optimizer"]["params"]
-        found.append(dict(case=case, engine=row["engine"], stage=row["stage"], lr=optimizer["lr"],
+        found.append(dict(case=case, engine=row["engine"], stage="-" if row["engine"] == "fsdp2" else row["stage"],
+                          lr=optimizer["lr"],
                           scheduler=row["ds_config"].get("scheduler", {}).get("type", "none (constant lr)"),
                           built_in="fp32" if row["engine"] == "fsdp2" else "bf16", losses=row["losses"]))
     return found
