@@ -32,8 +32,7 @@ INHERITED = {"preset": "preset", "config": "config", "steps": "steps", "seed": "
              "model_path": "model_path", "seq_len": "seq_len", "data": "data_path", "loss": "loss",
              "activation_checkpointing": "activation_checkpointing", "warmup_steps": "warmup_steps",
              "engine": "engine", "stock": "stock", "kernels": "kernels", "precision": "precision",
-             "instruments": "instruments", "gpu_memory_bytes": "gpu_memory", "save_every": "save_every",
-             "device": "device"}
+             "instruments": "instruments", "gpu_memory_bytes": "gpu_memory", "save_every": "save_every"}
 # What must not change, or the resumed run would not continue the same training (the data order, the numbers).
 SAME = {"seq_len": "--seq-len", "seed": "--seed", "data": "--data", "precision": "the precision"}
 
@@ -58,6 +57,8 @@ def options(resume, given: dict) -> dict:
     spec = json.loads((run_dir / "run.json").read_text())
     resolved = json.loads((run_dir / "ds_config.json").read_text())
     inherited = {name: spec[key] for key, name in INHERITED.items() if key in spec}
+    if spec.get("device") == "cpu":                   # CPU ranks stay CPU ranks, on a GPU host too
+        inherited["device"] = "cpu"
     inherited.update(out=str(run_dir), micro_batch=resolved["train_micro_batch_size_per_gpu"],
                      grad_accum=resolved["gradient_accumulation_steps"])
     lr = (resolved.get("optimizer") or {}).get("params", {}).get("lr")
