@@ -82,7 +82,8 @@ def _train_args(sub):
                                                                          "the last (default: none)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue RUN_DIR from its newest complete checkpoint (or the "
                                                         "checkpoint folder named), with its settings except the flags "
-                                                        "given; --out defaults to RUN_DIR (default: a new run)")
+                                                        "given; --out defaults to RUN_DIR; --nproc may shrink, not grow "
+                                                        "(default: a new run)")
     p.add_argument("--instruments", type=lambda text: tuple(n for n in text.split(",") if n),
                    default=("state_bytes",), help="comma-separated measurements besides training: state_bytes, "
                                                   "comm, zero_buffers, state_dict, probe_logits, rank_env "
@@ -90,19 +91,24 @@ def _train_args(sub):
     p.add_argument("--quiet", action="store_true", help="do not stream the ranks' output")
     n = p.add_argument_group("several nodes (torchrun: --nnodes ...; DeepSpeed's launcher: --hostfile ...)")
     n.add_argument("--nnodes", type=positive_int, help="nodes taking part; each runs this command (default: 1)")
-    n.add_argument("--node-rank", type=int, help="this node's rank, 0..nnodes-1 (0 on the rendezvous host)")
-    n.add_argument("--rdzv-endpoint", help="HOST:PORT of node 0, reachable from every node (torchrun)")
+    n.add_argument("--node-rank", type=int, help="this node's rank, 0..nnodes-1 (0 on the rendezvous host; default: 0)")
+    n.add_argument("--rdzv-endpoint", help="HOST:PORT of node 0, reachable from every node (torchrun; default: none, one host)")
     n.add_argument("--rdzv-timeout", type=positive_int, default=multinode.DEFAULT_RDZV_TIMEOUT_S,
                    help="seconds a node waits for the others before giving up (default: "
                         f"{multinode.DEFAULT_RDZV_TIMEOUT_S})")
-    n.add_argument("--hostfile", help="DeepSpeed hostfile, one 'HOST slots=N' per line: run DeepSpeed's launcher")
-    n.add_argument("--include", default="", help="DeepSpeed's NODE[:SLOT,...][@NODE...]: only these")
-    n.add_argument("--exclude", default="", help="DeepSpeed's NODE[:SLOT,...][@NODE...]: all but these")
-    n.add_argument("--master-addr", help="address of the hostfile's first host, where rank 0 runs (DeepSpeed)")
+    n.add_argument("--hostfile", help="DeepSpeed hostfile, one 'HOST slots=N' per line: run DeepSpeed's launcher "
+                                       "(default: none, torchrun)")
+    n.add_argument("--include", default="", help="DeepSpeed's NODE[:SLOT,...][@NODE...]: only these "
+                                                       "(default: every host of the hostfile)")
+    n.add_argument("--exclude", default="", help="DeepSpeed's NODE[:SLOT,...][@NODE...]: all but these "
+                                                       "(default: none)")
+    n.add_argument("--master-addr", help="address of the hostfile's first host, where rank 0 runs "
+                                                "(DeepSpeed; required with more than one host; default: 127.0.0.1)")
     n.add_argument("--master-port", type=positive_int, default=multinode.DEFAULT_PORT,
                    help=f"(DeepSpeed, Slurm; default: {multinode.DEFAULT_PORT})")
     n.add_argument("--slurm", metavar="FILE", help="write a Slurm batch script that runs this command on --nnodes "
-                                                   "nodes of --nproc GPUs, then exit (nothing is trained here)")
+                                                   "nodes of --nproc GPUs, then exit (nothing is trained here; "
+                                                   "default: none, train now)")
     return p
 
 

@@ -16,7 +16,7 @@ def repaired_environment(nproc: int, cpu_offload: bool, base: dict | None = None
                          cores: int | None = None) -> tuple[dict, list[str]]:
     """A copy of the environment for the ranks, with known traps fixed; returns it and what changed.
     Everything else (NCCL_NVLS_ENABLE=0 and the like) is inherited unchanged. `cores` defaults to this
-    machine's (give another to see what a bigger host would get)."""
+    process's usable CPUs (give another to see what a bigger host would get)."""
     env = dict(os.environ if base is None else base)
     changes = []
     arch = env.get("TORCH_CUDA_ARCH_LIST", "")
@@ -25,7 +25,7 @@ def repaired_environment(nproc: int, cpu_offload: bool, base: dict | None = None
         # DeepSpeed 0.19's JIT builder reads '9.0a' as an int and crashes while building FusedAdam.
         env["TORCH_CUDA_ARCH_LIST"] = fixed
         changes.append(f"TORCH_CUDA_ARCH_LIST {arch!r} -> {fixed!r} (DeepSpeed's op builder cannot parse 'a')")
-    cores = cores or os.cpu_count() or 1
+    cores = cores or usable_cores()
     threads = max(1, cores // max(1, nproc))
     if "OMP_NUM_THREADS" not in env or (cpu_offload and env["OMP_NUM_THREADS"] == "1" and threads > 1):
         # torchrun sets OMP_NUM_THREADS=1 for several ranks; CPU-Adam then steps on one core.
@@ -43,6 +43,11 @@ def repaired_environment(nproc: int, cpu_offload: bool, base: dict | None = None
     return env, changes
 
 
+def usable_cores() -> int:
+    """The CPUs this process may run on (a Slurm task's or a container's share), not all of the machine's."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def extensions_dir() -> str:
     """Where DeepSpeed's just-in-time ops are built and cached for this Python environment."""
     return os.environ.get("TORCH_EXTENSIONS_DIR") or os.path.join(sys.prefix, "torch_extensions")
@@ -53,10 +58,9 @@ def ops_to_build(on_gpu: bool, cpu_offload: bool, fused_adam: bool) -> list[str]
     communication op on a machine without a GPU, CPU Adam with an offloaded optimizer, FusedAdam on a GPU."""
     wanted = (["deepspeed_shm_comm"] if not on_gpu else []) + (["cpu_adam"] if cpu_offload else []) + \
         (["fused_adam"] if on_gpu and fused_adam and not cpu_offload else [])
-    # The ranks get TORCH_EXTENSIONS_DIR (repaired_environment), and torch then builds into it directly, without
-    # the pyXY_cuZZ folder it adds under its default root.
-    built = extensions_dir()
-    return [op for op in wanted if not os.path.isfile(os.path.join(built, op, f"{op}.so"))]
+    # The ranks always get TORCH_EXTENSIONS_DIR (repaired_environment), and torch then builds each op straight in
+    # <dir>/<op>/ (the py3XX_cpu / py3XX_cuXXX subfolder is only for its own default root).
+    return [op for op in wanted if not os.path.isfile(os.path.join(extensions_dir(), op, f"{op}.so"))]
 
 
 def _version(name: str) -> str | None:
@@ -94,9 +98,16 @@ def report() -> dict:
     return info
 
 
+def name_deepspeed_accelerator() -> str:
+    """Tell DeepSpeed which accelerator this process has (cuda with a GPU, else cpu) before it is first imported, as
+    `repaired_environment` does for the ranks; left to guess, DeepSpeed logs a warning ("Setting accelerator to
+    CPU ...") on every machine without a GPU. A value already set wins. Returns the name."""
+    return os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
+
+
 def _deepspeed_ops() -> dict:
     """Can each op that the course uses be built (just in time) on this machine?"""
-    os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
+    name_deepspeed_accelerator()
     from deepspeed.accelerator import get_accelerator
 
     ops = {}

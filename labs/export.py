@@ -54,8 +54,13 @@ def consolidated(path: Path) -> dict:
     the Hugging Face model (the training wrapper's prefix removed)."""
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-    with _quiet():
-        state = get_fp32_state_dict_from_zero_checkpoint(str(path.parent), tag=path.name)
+    try:
+        with _quiet():
+            state = get_fp32_state_dict_from_zero_checkpoint(str(path.parent), tag=path.name)
+    except (OSError, ValueError, KeyError, RuntimeError, EOFError) as error:   # files missing, empty or foreign
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise LabsError(f"checkpoint '{path}' is not a DeepSpeed ZeRO checkpoint that zero_to_fp32 can read "
+                        f"({reason}); export another checkpoint of the run") from None
     return {name.removeprefix(PREFIX): tensor for name, tensor in state.items()}
 
 
@@ -82,7 +87,7 @@ def to_hf(run_dir, out_dir, dtype: str = "bf16", tokenizer: bool = True) -> Expo
     from transformers import AutoModelForCausalLM
 
     check_choice("dtype", dtype, DTYPES)
-    run_folder = resume.run_folder_of(run_dir)
+    run_folder = resume.run_folder_of(run_dir, what="export: RUN_DIR")
     path = checkpoint.find(run_dir)
     out = _check_out(Path(out_dir))
     spec = json.loads((run_folder / "run.json").read_text())

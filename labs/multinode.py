@@ -205,17 +205,23 @@ def node_out(out: Path, node_rank: int | None) -> Path:
 # ---------------------------------------------------------------------------------------------- Slurm
 def slurm_script(nnodes: int, gpus_per_node: int, train_args: list[str], port: int = DEFAULT_PORT,
                  job_name: str = "labs-train", time_limit: str | None = None, partition: str | None = None,
-                 workdir: str | None = None, python: str | None = None) -> str:
+                 workdir: str | None = None, python: str | None = None, cpus_per_task: int | None = None) -> str:
     """An sbatch script: one task per node, each running `labs train TRAIN_ARGS` with its node rank
     ($SLURM_NODEID) and the first node of the allocation as the rendezvous. srun forwards scancel's SIGTERM
-    to every task (labs then stops its ranks) and, with --kill-on-bad-exit, ends all tasks when one fails."""
+    to every task (labs then stops its ranks) and, with --kill-on-bad-exit, ends all tasks when one fails.
+    `cpus_per_task`: the CPUs the one task of a node (torchrun and its ranks) may use; None gives it every CPU
+    of the (exclusive) node. srun is told again: since Slurm 22.05 it does not inherit sbatch's --cpus-per-task,
+    and with core binding torchrun and all its ranks would share one core."""
     _check_whole("nodes", nnodes, 1)
     _check_whole("GPUs per node", gpus_per_node, 1)
+    if cpus_per_task is not None:
+        _check_whole("CPUs per task", cpus_per_task, 1)
     for flag in ("--nnodes", "--node-rank", "--rdzv-endpoint", "--hostfile", "--nproc"):
         if any(a == flag or a.startswith(flag + "=") for a in train_args):
             raise LabsError(f"the Slurm script sets {flag} itself; leave it out of the training arguments")
     lines = ["#!/bin/bash", f"#SBATCH --job-name={job_name}", f"#SBATCH --nodes={nnodes}",
              "#SBATCH --ntasks-per-node=1", f"#SBATCH --gpus-per-node={gpus_per_node}", "#SBATCH --exclusive"]
+    lines += [f"#SBATCH --cpus-per-task={cpus_per_task}"] if cpus_per_task else []
     lines += [f"#SBATCH --time={time_limit}"] if time_limit else []
     lines += [f"#SBATCH --partition={partition}"] if partition else []
     lines += [f"#SBATCH --chdir={workdir}"] if workdir else []
@@ -223,13 +229,16 @@ def slurm_script(nnodes: int, gpus_per_node: int, train_args: list[str], port: i
     train = shlex.join([python, "-m", "labs", "train", *map(str, train_args), "--nproc", str(gpus_per_node)])
     lines += [
         "# Written by labs (labs.multinode.slurm_script). One task per node runs `labs train`, which starts torchrun",
-        "# and owns its ranks; node 0 (the first host of the allocation) holds the rendezvous.",
+        "# and owns its ranks; node 0 (the first host of the allocation) holds the rendezvous. Slurm without",
+        f"# select/cons_tres (no --gpus-per-node): ask for --gres=gpu:{gpus_per_node} instead.",
         "set -euo pipefail",
         'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         f'export LABS_RDZV_ENDPOINT="$head_node:{port}"',
         'echo "labs: $SLURM_JOB_NUM_NODES nodes, rendezvous at $LABS_RDZV_ENDPOINT"',
         # Single quotes: $SLURM_NODEID must expand in each task, not here.
-        "srun --kill-on-bad-exit=1 --ntasks-per-node=1 bash -c \\",
+        # srun does not inherit sbatch's --cpus-per-task (Slurm >= 22.05): the task gets it here.
+        "srun --kill-on-bad-exit=1 --ntasks-per-node=1 --cpus-per-task="
+        + ('"$SLURM_CPUS_PER_TASK"' if cpus_per_task else '"$SLURM_CPUS_ON_NODE"') + " bash -c \\",
         "  " + shlex.quote(f'exec {train} --nnodes "$SLURM_JOB_NUM_NODES" --node-rank "$SLURM_NODEID" '
                            '--rdzv-endpoint "$LABS_RDZV_ENDPOINT"'),
     ]

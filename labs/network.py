@@ -11,8 +11,10 @@ The schemes (bf16 parameters; fp32 master weights and Adam states stay on each r
   parameter's first one of the step: the backward all-gather stays inside the node.
 - ZeRO++ qwZ: the forward all-gather carries int8 weights (1 byte instead of 2; block scales neglected).
 - ZeRO++ qgZ: gradients as int4 in two all-to-alls: within the node, then across nodes on 1/G of the gradient.
-- FSDP2 hybrid (HSDP): shard within the node, replicate across nodes: all-gathers and the fp32 reduce-scatter stay
-  in the node; the gradient shards are all-reduced across nodes (one rank per node in each group).
+- FSDP2 hybrid (HSDP): shard within the node, replicate across nodes: all-gathers and the gradient reduce-scatter
+  stay in the node; the gradient shards are all-reduced across nodes (one rank per node in each group). Gradients
+  are reduced in `reduce_bytes` per element: fp32 by default (labs' MixedPrecisionPolicy, reduce_dtype=fp32), bf16
+  halves both reductions (a setting: FSDP2 then sums in bf16, as ZeRO-3 does).
 
 Bandwidths: `intra_gbps` is what one GPU sends within the node (GB/s, one direction: NVLink); `inter_gbps` is what one
 node sends to the others (GB/s, the sum of its NICs: 8 x 400 Gb/s is 400 GB/s). The algorithms are rings (NCCL's),
@@ -73,10 +75,12 @@ class Collective:
         return max(inter, intra)
 
 
-def collectives(scheme: str, params: float, cluster: Cluster, regathered: float | None = None) -> list[Collective]:
+def collectives(scheme: str, params: float, cluster: Cluster, regathered: float | None = None,
+                reduce_bytes: float = FP32) -> list[Collective]:
     """The collectives of one optimizer step (one micro-batch) under `scheme`. `regathered`: parameters fetched
     again after their first fetch of the step (default `params`: every parameter once more for backward, as when
-    a large model releases each layer after use; a tied embedding adds its second use)."""
+    a large model releases each layer after use; a tied embedding adds its second use). `reduce_bytes`: bytes per
+    gradient element FSDP2 hybrid reduces in (FP32, labs' setting, or BF16)."""
     if scheme not in SCHEMES:
         raise ValueError(f"unknown scheme {scheme!r}; choose one of {', '.join(SCHEMES)}")
     g, world = cluster.gpus_per_node, cluster.world
@@ -86,10 +90,12 @@ def collectives(scheme: str, params: float, cluster: Cluster, regathered: float 
         return Collective(what, kind, payload, group, per_node, g)
 
     if scheme == "FSDP2 hybrid":
+        dtype = {FP32: "fp32", BF16: "bf16"}[reduce_bytes]
         return [make("all-gather bf16 parameters (first fetch)", "all_gather", BF16 * params, g, g),
                 make("all-gather bf16 parameters (again)", "all_gather", BF16 * regathered, g, g),
-                make("reduce-scatter fp32 gradients", "reduce_scatter", FP32 * params, g, g),
-                make("all-reduce gradient shards across nodes", "all_reduce", FP32 * params / g, cluster.nodes, 1)]
+                make(f"reduce-scatter {dtype} gradients", "reduce_scatter", reduce_bytes * params, g, g),
+                make(f"all-reduce {dtype} gradient shards across nodes", "all_reduce", reduce_bytes * params / g,
+                     cluster.nodes, 1)]
     hpz, qwz, qgz = "hpZ" in scheme, "qwZ" in scheme, "qgZ" in scheme
     found = [make("all-gather int8 parameters (first fetch)" if qwz else "all-gather bf16 parameters (first fetch)",
                   "all_gather", (INT8 if qwz else BF16) * params, world, g)]
@@ -117,10 +123,10 @@ def counted(found: list[Collective]) -> dict:
 
 
 def step_time(scheme: str, params: float, cluster: Cluster, compute_s: float,
-              regathered: float | None = None) -> dict:
+              regathered: float | None = None, reduce_bytes: float = FP32) -> dict:
     """Communication of one step per GPU, and the step time between perfect overlap with the `compute_s` seconds
     of computing (the longer of the two) and none (their sum)."""
-    found = collectives(scheme, params, cluster, regathered)
+    found = collectives(scheme, params, cluster, regathered, reduce_bytes)
     comm_s = sum(c.seconds(cluster) for c in found)
     return dict(scheme=scheme, nodes=cluster.nodes, gpus_per_node=cluster.gpus_per_node, comm_s=comm_s,
                 compute_s=compute_s, overlapped_s=max(comm_s, compute_s), serial_s=comm_s + compute_s,

@@ -1,10 +1,11 @@
 """Resuming a run from its checkpoints, on the host (labs.launch calls these; the ranks load in labs.checkpoint).
 
 - `options`: what a resumed run takes: the run's own inputs (run.json, its resolved batch and learning rate), then
-  whatever the caller changed (more --steps, another --nproc or --config, another --out).
+  whatever the caller changed (more --steps, fewer --nproc, another --config or --out).
 - `plan`: the checks that keep it the same run (the model's shape, the data order: seed, data, sequence length,
-  global batch; the precision) and how its ranks load the checkpoint: as written, or, when the number of ranks or
-  the ZeRO stage changes, through DeepSpeed's universal checkpoint (converted by `prepare_work`).
+  global batch; the precision; no more ranks than wrote it, no move between ZeRO-1/2 and ZeRO-3) and how its ranks
+  load the checkpoint: as written, or, on fewer ranks or another stage of the same family, through DeepSpeed's
+  universal checkpoint (converted by `prepare_work`).
 - `prepare_work`: the new run folder starts with the old one's checkpoints (hard links) and its metrics up to the
   checkpoint, so a resumed run folder tells the whole story, step 1 on.
 - `keep_interrupted`: a run that fails after a complete checkpoint is published as a run folder marked
@@ -33,17 +34,21 @@ INHERITED = {"preset": "preset", "config": "config", "steps": "steps", "seed": "
              "activation_checkpointing": "activation_checkpointing", "warmup_steps": "warmup_steps",
              "engine": "engine", "stock": "stock", "kernels": "kernels", "precision": "precision",
              "instruments": "instruments", "gpu_memory_bytes": "gpu_memory", "save_every": "save_every"}
-# What must not change, or the resumed run would not continue the same training (the data order, the numbers).
-SAME = {"seq_len": "--seq-len", "seed": "--seed", "data": "--data", "precision": "the precision"}
+# What must not change, or the resumed run would not continue the same training, and why.
+DATA_ORDER = "the resumed run must see the same data in the same order"
+SAME = {"seq_len": ("--seq-len", DATA_ORDER), "seed": ("--seed", DATA_ORDER), "data": ("--data", DATA_ORDER),
+        "precision": ("the precision (the config's bf16/fp16 section)", "the resumed run must compute in the "
+                      "precision its weights and optimizer states were trained in: keep the run's config")}
 
 
-def run_folder_of(resume) -> Path:
-    """The run folder `--resume` names: the folder itself, or the run holding the named checkpoint."""
+def run_folder_of(resume, what: str = "--resume") -> Path:
+    """The run folder `resume` names (`what`: how the user named it, for the error): the folder itself, or the run
+    holding the named checkpoint."""
     path = Path(resume)
     run_dir = path.parent.parent if (path / checkpoint.MANIFEST).is_file() else path
     if not (run_dir / "run.json").is_file() or not runfolder.is_run_folder(run_dir):
-        what = "does not exist" if not path.exists() else "is not a labs run folder (no run.json)"
-        raise LabsError(f"--resume '{resume}' {what}; name a run folder that labs wrote with --save-every")
+        state = "does not exist" if not path.exists() else "is not a labs run folder (no run.json)"
+        raise LabsError(f"{what} '{resume}' {state}; name a run folder that labs wrote with --save-every")
     return run_dir
 
 
@@ -84,15 +89,17 @@ def plan(resume, spec: dict, resolved: dict) -> dict:
     run_dir = run_folder_of(resume)
     path = checkpoint.find(resume)
     saved = checkpoint.manifest(path)
-    if saved["dims"] != spec["dims"]:
-        changed = ", ".join(f"{key} {saved['dims'][key]} -> {spec['dims'].get(key)}" for key in saved["dims"]
-                            if saved["dims"][key] != spec["dims"].get(key))
+    # Only the keys the checkpoint recorded: a key labs.models.shape gained later (max_position_embeddings) is not
+    # in older manifests, and every key that sets a weight's shape is.
+    changed = ", ".join(f"{key} {value} -> {spec['dims'].get(key)}" for key, value in saved["dims"].items()
+                        if value != spec["dims"].get(key))
+    if changed:
         raise LabsError(f"--resume: checkpoint '{path}' holds another model shape ({changed}); resume it with the "
                         f"model it was trained with (preset '{saved['preset']}')")
-    for key, flag in SAME.items():
+    for key, (flag, why) in SAME.items():
         if saved[key] != spec[key]:
             raise LabsError(f"--resume: {flag} was {saved[key]!r} when checkpoint '{path.name}' was written, not "
-                            f"{spec[key]!r}; the resumed run must see the same data in the same order")
+                            f"{spec[key]!r}; {why}")
     if saved["train_batch_size"] != resolved["train_batch_size"]:
         raise LabsError(f"--resume: the global batch was {saved['train_batch_size']} sequences per step, not "
                         f"{resolved['train_batch_size']} (micro-batch x grad-accum x ranks); keep it to continue the "
@@ -100,15 +107,20 @@ def plan(resume, spec: dict, resolved: dict) -> dict:
     if spec["steps"] <= saved["step"]:
         raise LabsError(f"--steps {spec['steps']}: checkpoint '{path.name}' is already at step {saved['step']}; "
                         "give a larger --steps to train on")
+    if spec["nproc"] > saved["world_size"]:
+        # Only fewer ranks (or as many) were tried: a larger world through the universal checkpoint is untested.
+        raise LabsError(f"--nproc {spec['nproc']}: checkpoint '{path.name}' was written by {saved['world_size']} "
+                        "rank(s), and labs resumes it on as many ranks or fewer; to train on more GPUs, export the "
+                        "model (labs export RUN_DIR OUT_DIR) and start a new run from it with --model-path OUT_DIR")
     stage = config_lib.stage(resolved)
     universal = saved["world_size"] != spec["nproc"] or saved["zero_stage"] != stage
     if universal and (0 in (stage, saved["zero_stage"]) or (stage == 3) != (saved["zero_stage"] == 3)):
         # DeepSpeed 0.19.8 writes the universal checkpoint's common optimizer state in one format for ZeRO-1/2 and
         # another for ZeRO-3, and each stage reads only its own: ZeRO-2 -> 3 and 3 -> 2 fail inside every rank.
         raise LabsError(f"--resume: ZeRO-{saved['zero_stage']} on {saved['world_size']} rank(s) -> ZeRO-{stage} on "
-                        f"{spec['nproc']}: DeepSpeed's universal checkpoint changes the number of ranks, and the stage "
-                        "only within ZeRO-1/2 (ZeRO-3 stays ZeRO-3); keep the stage family, or export the model "
-                        "(labs export) and start a new run from it with --model-path")
+                        f"{spec['nproc']}: DeepSpeed's universal checkpoint changes the stage only within ZeRO-1/2 "
+                        "(ZeRO-3 stays ZeRO-3); keep the stage family, or export the model (labs export RUN_DIR "
+                        "OUT_DIR) and start a new run from it with --model-path OUT_DIR")
     local = Path(checkpoint.FOLDER) / path.name        # the copy in the new run folder, relative to it
     return dict(run=str(run_dir.resolve()), source=str(path.resolve()), step=saved["step"],
                 universal=universal, checkpoint=str(local),

@@ -7,6 +7,8 @@ outside through `Instrument`: the loop itself only steps and records.
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import time
@@ -116,7 +118,10 @@ def build_engine(spec: dict, ds_config: dict, device: torch.device):
 
     # DeepSpeed's schedulers warn once at start-up that no step has run yet: true, and only noise here.
     deepspeed.utils.logger.addFilter(lambda record: "before it has started" not in record.getMessage())
-    deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo")
+    # On a CPU every rank prints "DeepSpeed ...deepspeed_shm_comm_op built successfully" each time it loads the cached
+    # op: noise in every streamed run (a real build's compiler output goes to the terminal, not through print).
+    with contextlib.redirect_stdout(io.StringIO()):
+        deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo")
     zero3 = ds_config.get("zero_optimization", {}).get("stage", 0) == 3
     hf_model = models.build(spec["preset"], dtype=models.DTYPES[spec["precision"]], device=device, seed=spec["seed"],
                             model_path=spec["model_path"], zero3_config=ds_config if zero3 else None)

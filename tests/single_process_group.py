@@ -12,8 +12,9 @@ def ensure():
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
-        dist.init_process_group("gloo", rank=0, world_size=1)
+        # A TCP address instead of MASTER_ADDR/RANK/... in os.environ: every process the test session starts later
+        # inherits os.environ, and a RANK=0 there makes a launcher look like rank 0 (test_run_control finds ranks so).
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     import deepspeed
 
     deepspeed.init_distributed(dist_backend="gloo")    # DeepSpeed's comm layer on top of the same group

@@ -1,6 +1,8 @@
 """Chapter 01's helpers: the calculator draws what a plain call draws, exercises check answers, GPU results
 are compared with the prediction for the same run."""
 
+import re
+
 import matplotlib
 import pytest
 
@@ -9,16 +11,35 @@ matplotlib.use("Agg")
 from labs import launch, memory  # noqa: E402
 from labs.bench import results  # noqa: E402
 from labs.course import widgets  # noqa: E402
+from labs.errors import LabsError  # noqa: E402
 
 
-def test_calculator_default_is_the_plain_chart():
+def test_calculator_first_drawing_is_the_plain_chart():
     _, plain = widgets.memory_bar()
     calc = widgets.calculator()
-    assert calc.data == plain
+    assert calc.first == plain and plain["drawn"]["bars"] and plain["drawn"]["lines"]   # what matplotlib drew
     calc.controls["stage"].value = 1                 # a control change redraws with the new setting
-    assert calc.data["setting"]["stage"] == 1 and calc.data == widgets.bar_data(stage=1)
+    assert calc.data["setting"]["stage"] == 1 and calc.data["drawn"] != plain["drawn"]
+    assert {k: v for k, v in calc.data.items() if k != "drawn"} == widgets.bar_data(stage=1)
+    assert calc.first == plain                        # the first drawing is kept while the reader plays
     parts = sum(plain["parts_gib"].values())
     assert parts == pytest.approx(plain["total_gib"])
+    assert not plain["fits"] and "cheapest change" in plain["verdict"]    # the static page shows advice
+
+
+def test_calculator_offers_only_the_offloads_deepspeed_accepts():
+    calc = widgets.calculator()
+    offload = calc.controls["offload"]
+    assert list(offload.options) == list(widgets.OFFLOADS)                # stage 3: all of them
+    offload.value = "optimizer+params"
+    calc.controls["stage"].value = 2
+    assert list(offload.options) == ["none", "optimizer"] and calc.data["setting"]["offload"] == "none"
+    offload.value = "optimizer"
+    calc.controls["stage"].value = 0
+    assert list(offload.options) == ["none"] and calc.data["setting"] == {**calc.first["setting"], "stage": 0}
+    for stage, level in ((0, "optimizer"), (0, "optimizer+params"), (1, "optimizer+params"), (2, "optimizer+params")):
+        with pytest.raises(LabsError, match=re.escape(f"offload '{level}' needs ZeRO stage")):
+            widgets.bar_data(stage=stage, offload=level)
 
 
 def test_gpu_results_are_compared_with_the_prediction_for_that_run():
@@ -27,6 +48,9 @@ def test_gpu_results_are_compared_with_the_prediction_for_that_run():
     assert len(rows) == len([r for r in results.rows(results.load_all()) if not r["fp8"]]) >= 10
     assert all(0.9 <= row["ratio"] <= 1.1 for row in rows), [(r["name"], r["ratio"]) for r in rows]
     assert all(row["device"].endswith("NVIDIA H200") for row in rows)
+    merged = results.peak_comparisons(merge_repeats=True)
+    assert sum(len(row["runs"].split(", ")) for row in merged) == len(rows) > len(merged)
+    assert max(abs(r["ratio"] - 1) for r in merged) == max(abs(r["ratio"] - 1) for r in rows)
 
 @pytest.mark.parametrize("preset", ["tiny", "qwen2.5-7b"])
 def test_calculator_run_and_widget_agree_on_every_default(preset):

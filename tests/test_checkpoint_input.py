@@ -59,6 +59,13 @@ def test_export_of_a_run_without_a_checkpoint(tmp_path, capsys):
     assert "holds no complete checkpoint" in _refused(tmp_path, capsys, "export", run, tmp_path / "hf")
 
 
+def test_export_names_its_own_argument_and_refuses_a_checkpoint_without_deepspeed_files(tmp_path, capsys):
+    assert "export: RUN_DIR" in _refused(tmp_path, capsys, "export", tmp_path / "missing", tmp_path / "hf")
+    run = _run_folder(tmp_path / "run", checkpoint_at=4)        # a manifest and no DeepSpeed file
+    line = _refused(tmp_path, capsys, "export", run, tmp_path / "hf")
+    assert "is not a DeepSpeed ZeRO checkpoint that zero_to_fp32 can read" in line and "--resume" not in line
+
+
 def test_export_never_replaces_what_labs_did_not_write(tmp_path, capsys):
     run = _run_folder(tmp_path / "run", checkpoint_at=4)
     (tmp_path / "mine").mkdir()
@@ -71,6 +78,24 @@ def test_a_checkpoint_of_another_model_shape(tmp_path, capsys):
     run = _run_folder(tmp_path / "run", checkpoint_at=4, dims__hidden_size=128)
     line = _refused(tmp_path, capsys, "train", "--resume", run)
     assert "holds another model shape (hidden_size 128 -> 64)" in line and "preset 'tiny'" in line
+
+
+def test_a_checkpoint_written_before_a_shape_key_existed_still_resumes(tmp_path):
+    run = _run_folder(tmp_path / "run", checkpoint_at=4)
+    path = checkpoint.folder(run) / checkpoint.tag(4)
+    saved = checkpoint.manifest(path)
+    del saved["dims"]["max_position_embeddings"]                # not recorded by older labs
+    (path / checkpoint.MANIFEST).write_text(json.dumps(saved))
+    assert launch.prepare(resume=run)[0]["resume"]["step"] == 4
+
+
+def test_a_resumed_run_keeps_the_precision(tmp_path):
+    from labs.errors import LabsError
+
+    run = _run_folder(tmp_path / "run", checkpoint_at=4)
+    with pytest.raises(LabsError, match="the precision .* was 'bf16' .* not 'fp32'; the resumed run must compute in "
+                                        "the precision its weights and optimizer states were trained in"):
+        launch.prepare(resume=run, precision="fp32")
 
 
 def test_save_every_zero_and_save_every_where_labs_cannot_save(tmp_path, capsys):
@@ -86,8 +111,11 @@ def test_save_every_zero_and_save_every_where_labs_cannot_save(tmp_path, capsys)
     (("--seed", 1), "--seed was 0 when checkpoint 'step00000004' was written, not 1"),
     (("--seq-len", 32), "--seq-len was 64 when checkpoint 'step00000004' was written, not 32"),
     (("--micro-batch", 1), "the global batch was 4 sequences per step, not 2"),
-    (("--config", "zero2.json"), "ZeRO-3 on 2 rank(s) -> ZeRO-2 on 2: DeepSpeed's universal checkpoint changes"),
+    (("--config", "zero2.json"), "ZeRO-3 on 2 rank(s) -> ZeRO-2 on 2: DeepSpeed's universal checkpoint changes the stage only"),
     (("--engine", "fsdp2"), "labs resumes DeepSpeed runs"),
+    (("--nproc", 4), "--nproc 4: checkpoint 'step00000004' was written by 2 rank(s), and labs resumes it on as many "
+                     "ranks or fewer; to train on more GPUs, export the model (labs export RUN_DIR OUT_DIR) and "
+                     "start a new run from it with --model-path OUT_DIR"),
 ])
 def test_a_resumed_run_must_continue_the_same_run(tmp_path, capsys, args, message):
     run = _run_folder(tmp_path / "run", checkpoint_at=4)

@@ -52,3 +52,15 @@ def test_env_report_names_the_installed_versions():
     result = run_labs("env")
     assert result.returncode == 0 and f"deepspeed {md.version('deepspeed')}" in result.stdout
     assert f"transformers {md.version('transformers')}" in result.stdout
+
+
+def test_ops_to_build_looks_where_torch_builds_them(tmp_path, monkeypatch):
+    """The ranks get TORCH_EXTENSIONS_DIR, and torch then builds an op in <dir>/<op>/ (no py3XX_cpu subfolder):
+    an op found there is not announced as a build again."""
+    from labs import env
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    assert env.ops_to_build(on_gpu=False, cpu_offload=True, fused_adam=False) == ["deepspeed_shm_comm", "cpu_adam"]
+    (tmp_path / "cpu_adam").mkdir()
+    (tmp_path / "cpu_adam" / "cpu_adam.so").write_bytes(b"")
+    assert env.ops_to_build(on_gpu=False, cpu_offload=True, fused_adam=False) == ["deepspeed_shm_comm"]

@@ -10,16 +10,17 @@ from labs.course import exercises
     ("03.1", 16, 12),
     ("03.2", 8, 1),
     ("03.3", "optimizer", "none"),
-    ("01.1", 16, 12),
-    ("01.2", 28.6, 7e9 * 16 / 8 / 1e9),             # the seeds' "7B" is not Qwen2.5-7B
+    ("01.1", 6.5, 2 + 14 / 4),                      # DeepSpeed counts 18 partitioned bytes, the paper 14
+    ("01.2", "optimizer_step", "loss_backward"),    # with activations small, the fp32 copy of the update decides
+    ("01.5", 18 * 7_615_616_512 / 1e9, 12 * 7_615_616_512 / 1e9),   # fp32 grads and ZeRO-3's bf16 ones go too
     ("08.1", 16 * 4 * 8, 4 * 8),                    # HF multiplies by the ranks too
     ("08.2", 4000, 1000),                           # accelerate divides by the processes: multiply first
     ("08.3", 1, 2),                                 # the first step's 0 is DeepSpeed's, not the warm-up's
     ("08.4", 2 ** -7, 2 ** -6),                     # half a bf16 step near 2.7, not a whole one
     ("05.1", 0.766, 0.383),                          # 28 layers x 2 x 3584 bytes x 4096 tokens, not one byte each
-    ("05.2", 91.4, 106.6),                           # 12 bytes per parameter, not ZeRO-2's 14
+    ("05.2", 106.6, 91.4),                           # ZeRO-2 adds the bf16 module: 14 bytes, not ZeRO-3's 12
     ("05.3", 150, 0),
-    ("05.4", 23.0, 33.3),                            # early stop: not the textbook "one more forward"
+    ("05.4", 23.0, 24.9),                            # Qwen2.5-7B (GQA, 28 layers), not Qwen-7B's 24.9
 ])
 def test_checkers_accept_the_answer_and_reject_others(id, right, wrong, capsys):
     assert exercises.check(id, None) is False and "not answered yet" in capsys.readouterr().out

@@ -149,6 +149,14 @@ def test_advice_finds_the_cheapest_change_that_fits():
     assert memory.advise("24GiB", **memory.estimate("tiny", stage=3, gpus_per_node=2).inputs).fits_as_is
 
 
+def test_advice_of_equal_cost_changes_no_more_than_it_needs():
+    """Moving from ZeRO-1 to ZeRO-2 and the fused loss are both free by the rules; the loss alone fits, so the
+    advice must not add the stage."""
+    advice = memory.advise("H100", preset="qwen2.5-7b", stage=1, gpus_per_node=8, offload_optimizer="cpu")
+    tied = [o for o in advice.options if round(o["slowdown"], 6) == round(advice.slowdown, 6)]
+    assert len(tied) > 1 and advice.change == min((o["change"] for o in tied), key=len) == {"loss": "liger"}
+
+
 def test_bad_inputs_raise_labs_errors():
     from labs.errors import LabsError
 

@@ -33,7 +33,8 @@ def _rank_pid(folder, rank: int) -> int:
             environ = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
         except OSError:
             continue
-        if f"RANK={rank}".encode() in environ and b"labs.rank" in open(f"/proc/{pid}/cmdline", "rb").read():
+        cmdline = open(f"/proc/{pid}/cmdline", "rb").read()
+        if f"RANK={rank}".encode() in environ and b"labs.rank" in cmdline and b"torch.distributed.run" not in cmdline:
             return pid
     raise AssertionError(f"rank {rank} not found")
 

@@ -2,7 +2,7 @@
 
 Sphinx 7.4 keeps an inline script that an extension adds once the builder exists under two names (`None` and
 `''`), so the page gets it twice: sphinx-thebe's `const THEBE_JS_URL = ...` is then declared twice and every page
-logs "SyntaxError: Identifier 'THEBE_JS_URL' has already been declared" (tests/browser/test_book.py sees it)."""
+logs "SyntaxError: Identifier 'THEBE_JS_URL' has already been declared" (tests/browser/test_book_in_browser.py sees it)."""
 
 
 def _drop_repeats(app, pagename, templatename, context, doctree):

@@ -49,15 +49,18 @@ def _mfu_causal(summary: dict) -> float | None:
     return summary["mfu"] * causal / full
 
 
+def estimate_for(row: dict) -> memory.MemoryEstimate:
+    """labs.memory's estimate for a recorded case, from the configuration the result file records (computed now,
+    not stored): the same model, ranks, DeepSpeed config, batch, loss, kernels and checkpointing."""
+    return memory.estimate(dims=models.shape(row["preset"]), gpus_per_node=row["gpus"], seq_len=row["seq_len"],
+                           loss=row["loss"], kernels=row["kernels"], activation_checkpointing=row["checkpointing"],
+                           ds_config=row["ds_config"], engine=row["engine"], micro_batch=row["micro_batch"],
+                           grad_accum=row["grad_accum"])
+
+
 def predicted_peak_gib(row: dict) -> float:
-    """labs.memory's predicted peak (GiB of torch.cuda.max_memory_allocated) for a recorded case, from the
-    configuration the result file records (the prediction is computed now, not stored)."""
-    est = memory.estimate(dims=models.shape("qwen2.5-7b") if row["preset"] == "qwen2.5-7b" else
-                          models.shape(row["preset"]), gpus_per_node=row["gpus"], seq_len=row["seq_len"],
-                          loss=row["loss"], kernels=row["kernels"], activation_checkpointing=row["checkpointing"],
-                          ds_config=row["ds_config"], engine=row["engine"], micro_batch=row["micro_batch"],
-                          grad_accum=row["grad_accum"])
-    return est.total_per_gpu_bytes / 2**30
+    """labs.memory's predicted peak (GiB of torch.cuda.max_memory_allocated) for a recorded case."""
+    return estimate_for(row).total_per_gpu_bytes / 2**30
 
 
 def find(table: list[dict], run_suffix: str, case: str) -> dict:
@@ -90,14 +93,32 @@ def format_rows(table: list[dict], columns: list[str]) -> Table:
     return Table(table, [(c, c, spec(c)) for c in columns])
 
 
-def peak_comparisons() -> list[dict]:
+def peak_comparisons(merge_repeats: bool = False) -> list[dict]:
     """Every valid recorded bf16/fp16 case: the measured peak (max over ranks of torch.cuda.max_memory_allocated)
-    against labs.memory's prediction for the same configuration. The fp8 cases are left out: float8 training's casts
-    are not in the memory model."""
+    against labs.memory's prediction for the same configuration, with that configuration. The fp8 cases are left
+    out: float8 training's casts are not in the memory model. `merge_repeats`: one row per case measured again in
+    later runs with the same prediction, `runs` listing them all and the measurement farthest from it kept."""
     found = []
     for row in (r for r in rows(load_all()) if not r["fp8"]):
         predicted = predicted_peak_gib(row) * memory.GiB
         measured = row["peak_gib"] * memory.GiB
-        found.append(dict(name=f"{row['run'][11:12]}:{row['case']}", device=f"{row['gpus']} x {row['gpu']}",
-                         measured_bytes=int(measured), predicted_bytes=int(predicted), ratio=measured / predicted))
-    return found
+        found.append(dict(name=f"{row['run'][11:12]}:{row['case']}", run=row["run"][11:12], case=row["case"],
+                          device=f"{row['gpus']} x {row['gpu']}", gpus=row["gpus"],
+                          engine=_engine_name(row), micro_batch=row["micro_batch"], grad_accum=row["grad_accum"],
+                          checkpointing=row["checkpointing"], loss=row["loss"], kernels=row["kernels"],
+                          measured_bytes=int(measured), predicted_bytes=int(predicted), ratio=measured / predicted))
+    if not merge_repeats:
+        return found
+    merged: dict[tuple, dict] = {}
+    for row in found:
+        key = (row["case"], row["device"], row["predicted_bytes"])
+        kept = merged.setdefault(key, dict(row, runs=""))
+        kept["runs"] = ", ".join(filter(None, [kept["runs"], row["run"]]))
+        if abs(row["ratio"] - 1) > abs(kept["ratio"] - 1):
+            kept.update(measured_bytes=row["measured_bytes"], ratio=row["ratio"])
+    return list(merged.values())
+
+
+def _engine_name(row: dict) -> str:
+    offload = "+offload" if "offload" in row["case"] else ""
+    return ("fsdp2" if row["engine"] == "fsdp2" else f"zero{row['stage']}") + offload

@@ -8,9 +8,11 @@ and the recorded GPU save/resume timing.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -18,7 +20,7 @@ import torch
 
 from labs import RESULTS, checkpoint, env, launch, memory, metrics, models, resume
 from labs import config as config_lib
-from labs.errors import RankFailed
+from labs.errors import LabsError, RankFailed
 from labs.runfolder import Run
 
 # The first step after a reshard runs the same weights on the same rows; only how the rows group into matmuls
@@ -86,7 +88,7 @@ WHY = {"DeepSpeed checkpoint (every rank's files)": "fp32 master weights + Adam'
        "Hugging Face export, bf16": "the master weights rounded to what the run computed with"}
 
 
-def size_rows(path: Path, exports: dict, universal: Path | None = None, preset_7b="qwen2.5-7b",
+def size_rows(path: Path, exports: dict, universal: Path | None = None, preset_7b="qwen-7b",
               ranks_7b=8) -> list[dict]:
     """Bytes on disk of each format of the checkpoint at `path` (exports: {"fp32": folder, "bf16": folder}), per
     parameter, next to chapter 1's bytes per parameter, and what that means for a 7B model on `ranks_7b` GPUs."""
@@ -120,6 +122,27 @@ def gpu_results() -> list[dict]:
     """Recorded save/resume timings (results/gpu/checkpoint_*.json), oldest first, each with its file name."""
     return [dict(json.loads(p.read_text()), file=str(p.relative_to(RESULTS.parent)))
             for p in sorted(GPU_RESULTS.glob("checkpoint_*.json"))]
+
+
+def gpu_timing_blocker(out, preset="qwen2.5-7b", config="zero3.json", steps=2, **options) -> str | None:
+    """Why time_save_resume cannot run here (None when it can): no GPU, a run labs.memory says does not fit
+    (launch.prepare's own check), Liger Kernel asked for and missing, or too little disk for the checkpoint."""
+    if not torch.cuda.is_available():
+        return "no GPU here"
+    if "liger" in (options.get("kernels"), options.get("loss")) and importlib.util.find_spec("liger_kernel") is None:
+        return "Liger Kernel is not installed (pip install liger-kernel)"
+    try:
+        launch.prepare(preset=preset, config=config, steps=steps, save_every=steps, out=str(Path(out) / "save"),
+                       **options)
+    except LabsError as refused:
+        return str(refused)
+    need = 1.2 * expected_bytes_per_param(3)["DeepSpeed checkpoint (every rank's files)"] * \
+        models.param_counts(models.shape(preset))["total"]       # the checkpoint and some room
+    parent = Path(out)
+    while not parent.exists():
+        parent = parent.parent
+    free = shutil.disk_usage(parent).free
+    return None if free >= need else f"{free / 1e9:.0f} GB free under '{parent}', {need / 1e9:.0f} GB needed"
 
 
 def time_save_resume(out, preset="qwen2.5-7b", config="zero3.json", steps=2, **options) -> dict:

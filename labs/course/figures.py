@@ -220,8 +220,8 @@ def recompute_tradeoff(measured: list[dict], predicted_7b: list[dict], ax=None,
                     textcoords="offset points")
     base = predicted_7b[0]["decoder_bytes"]
     ax.plot([100 * r["extra_compute"] for r in predicted_7b], [100 * r["decoder_bytes"] / base for r in predicted_7b],
-            marker="s", ls="--", color="#c62", label="Qwen-7B, labs.memory")
-    ax.set(xlabel="FLOPs added per step (% of the step without checkpointing)",
+            marker="s", ls="--", color="#c62", label="Qwen-7B: labs.memory bytes, formula FLOPs")
+    ax.set(xlabel="FLOPs added (% of the decoder's FLOPs per step, no checkpointing)",
            ylabel="saved activations kept (%)", title=title, ylim=(0, 105))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
@@ -231,26 +231,23 @@ def recompute_tradeoff(measured: list[dict], predicted_7b: list[dict], ax=None,
 def resumed_losses(runs: dict, checkpoint_step: int, reference: str, tolerance: float, axes=None,
                    title="a crashed run, resumed and resharded"):
     """runs: {label: Run}. Left, the loss per step of each, the checkpoint the resumed runs start from marked;
-    right, each run's |loss difference| from the `reference` run after the checkpoint (log scale: an identical
-    loss is drawn on the floor and labelled), with the tolerance."""
+    right, each run's |loss difference| from the `reference` run after the checkpoint, with the tolerance (a
+    symmetric log scale: linear near 0, so an identical loss is drawn at 0 itself)."""
     axes = axes if axes is not None else plt.subplots(1, 2, figsize=(11, 3.6))[1]
     loss_curves(runs, ax=axes[0], title=title)
     axes[0].axvline(checkpoint_step, color="#888", ls=":", lw=1)
-    floor = tolerance / 1e6
     base = dict(zip((m["step"] for m in runs[reference].metrics), runs[reference].losses))
     colors = {line.get_label(): line.get_color() for line in axes[0].get_lines()}
     for label, run in runs.items():
         if label == reference:
             continue
         steps = [m["step"] for m in run.metrics if m["step"] > checkpoint_step and m["step"] in base]
-        gaps = [max(abs(run.losses[s - 1] - base[s]), floor) for s in steps]
+        gaps = [abs(run.losses[s - 1] - base[s]) for s in steps]
         axes[1].plot(steps, gaps, marker="o", label=label, color=colors.get(label))
-        for s, gap in zip(steps, gaps):
-            if gap == floor:
-                axes[1].annotate("identical", (s, gap), fontsize=7, xytext=(-12, 6), textcoords="offset points")
     axes[1].axhline(tolerance, color="#c62", ls="--", lw=1, label=f"tolerance {tolerance:g}")
-    axes[1].set(yscale="log", xlabel="optimizer step", ylabel=f"|loss - {reference}|",
-                title=f"after the checkpoint (step {checkpoint_step})", ylim=(floor / 3, tolerance * 30))
+    axes[1].set_yscale("symlog", linthresh=tolerance / 1e3)
+    axes[1].set(xlabel="optimizer step", ylabel=f"|loss - {reference}| (0 = identical)",
+                title=f"after the checkpoint (step {checkpoint_step})", ylim=(0, tolerance * 30))
     axes[1].xaxis.get_major_locator().set_params(integer=True)
     axes[1].grid(alpha=0.3)
     axes[1].legend(fontsize=8)
@@ -258,14 +255,14 @@ def resumed_losses(runs: dict, checkpoint_step: int, reference: str, tolerance: 
 
 
 def checkpoint_sizes(rows: list[dict], ax=None, title="bytes per parameter on disk"):
-    """Bars from labs.course.checkpoints.size_rows: measured bytes per parameter of each format, with chapter 1's
+    """Bars from labs.course.checkpoints.size_rows: measured bytes per parameter of each format, with labs.memory's
     bytes per parameter marked."""
     ax = ax or plt.subplots(figsize=(7, 3))[1]
     rows = [r for r in rows if r["per_param"] is not None]
     y = range(len(rows))
     ax.barh(y, [r["per_param"] for r in rows], color="#2a7", label="measured")
     ax.scatter([r["expected_per_param"] for r in rows], y, color="black", marker="|", s=300, zorder=3,
-               label="expected (chapter 1's bytes per parameter)")
+               label="expected (labs.memory's bytes per parameter)")
     ax.set_yticks(list(y), [r["format"] for r in rows], fontsize=8)
     ax.invert_yaxis()
     ax.set(xlabel="bytes per parameter", title=title)

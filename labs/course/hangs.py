@@ -79,11 +79,27 @@ def stuck(timeout_s: float = 8.0, spy_after_s: float = 2.0) -> dict:
 
 
 def _spy(spy: str, pids: dict) -> dict:
+    """{rank: the stack py-spy read}, each frame a line; or {"skipped": why} in one line. py-spy reads another
+    process's memory: it needs ptrace (a container without SYS_PTRACE, or kernel.yama.ptrace_scope above 0 for a
+    process that is not its child, refuses)."""
     if not Path(spy).exists():
         return {"skipped": "py-spy is not installed here (pip install py-spy)"}
-    dumps = {rank: subprocess.run([spy, "dump", "--pid", str(pid)], capture_output=True, text=True,
-                                  timeout=60).stdout for rank, pid in sorted(pids.items())}
-    return {rank: ANSI.sub("", text) for rank, text in dumps.items()}    # py-spy colours even into a pipe
+    dumps = {}
+    for rank, pid in sorted(pids.items()):
+        done = subprocess.run([spy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=60)
+        if done.returncode != 0 or not done.stdout.strip():
+            reason = (ANSI.sub("", done.stderr).strip().splitlines() or ["no output"])[-1]
+            return {"skipped": f"py-spy could not read rank {rank} ({reason}): it needs ptrace rights, e.g. run as "
+                               "root, add SYS_PTRACE to the container, or set kernel.yama.ptrace_scope=0"}
+        dumps[rank] = _frames(ANSI.sub("", done.stdout))     # py-spy colours even into a pipe
+    return dumps
+
+
+def _frames(dump: str) -> str:
+    """The thread and its frames; the process line (pid, interpreter path) and Python's version left out, as they
+    differ on every machine."""
+    kept = [line for line in dump.splitlines() if line.strip() and not line.startswith(("Process ", "Python v"))]
+    return "\n".join(re.sub(r"^Thread \d+", "Thread", line) for line in kept)
 
 
 def _reports(folder) -> list[dict]:

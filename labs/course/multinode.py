@@ -8,6 +8,8 @@ its own host, meeting at 127.0.0.1; and what to read off them.
 
 Every launch is real: `python -m labs train --nnodes N --node-rank K --rdzv-endpoint 127.0.0.1:PORT ...`, the
 processes started together, each under its own supervisor, exactly as on N hosts (one machine's cores shared).
+The emulated nodes always run on the CPU (gloo), GPUs hidden: on one host every node's LOCAL_RANK 0 would take
+cuda:0 and NCCL refuses two ranks on one GPU; on the CPU the runs are also the same on every machine.
 """
 from __future__ import annotations
 
@@ -19,6 +21,8 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+import torch
 
 from labs import CONFIGS, ROOT, launch, multinode
 from labs import config as config_lib
@@ -69,9 +73,15 @@ def emulate(out, nnodes=2, nproc_per_node=1, steps=6, config="zero3.json", instr
             extra=(), timeout_s=600, launcher="torchrun") -> Emulated:
     """Start every node's `labs train` at once and wait for all of them. Each node's ranks get one thread each
     (the nodes share this machine's cores). launcher "deepspeed": a hostfile naming nodes node0.. (next to `out`)
-    and DeepSpeed's launcher. Raises RuntimeError with a node's output if any node failed."""
+    and DeepSpeed's launcher; not on a machine with a GPU (a LabsError says why). Raises RuntimeError with a
+    node's output if any node failed."""
+    if launcher == "deepspeed" and torch.cuda.is_available():
+        # Its launcher sets CUDA_VISIBLE_DEVICES to each host's slots again, so every node's rank 0 would see GPU 0.
+        raise LabsError("the DeepSpeed-launcher emulation runs on a machine without GPUs: DeepSpeed's launcher "
+                        "would give each emulated node's ranks the same GPUs (use launcher='torchrun' here)")
     port = free_port()
     env = _node_env()
+    _say_gpus_hidden()
     hostfile = None
     if launcher == "deepspeed":
         hostfile = Path(out).with_name(f"{Path(out).name}.hostfile")
@@ -98,6 +108,7 @@ def single_node(out, nproc=2, steps=6, config="zero3.json", instruments=("state_
     """The same run on one host (torchrun --standalone), for the comparison."""
     command = [sys.executable, "-m", "labs", "train", "--preset", "tiny", "--config", str(config), "--steps",
                str(steps), "--nproc", str(nproc), "--out", str(out), "--instruments", ",".join(instruments), "--quiet"]
+    _say_gpus_hidden()
     print(f"1 node x {nproc} ranks, {steps} steps ...", end=" ", flush=True)
     start = time.perf_counter()
     subprocess.run(command, env=_node_env(), check=True, capture_output=True, text=True)
@@ -106,9 +117,17 @@ def single_node(out, nproc=2, steps=6, config="zero3.json", instruments=("state_
 
 
 def _node_env() -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    """One thread per rank (the nodes share this machine's cores), and no GPU: CUDA_VISIBLE_DEVICES empty makes
+    labs train on the CPU with gloo, with DeepSpeed's CPU accelerator (also where this process named cuda)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", DS_ACCELERATOR="cpu")
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     return env
+
+
+def _say_gpus_hidden():
+    if torch.cuda.is_available():
+        print(f"(this machine's {torch.cuda.device_count()} GPU(s) hidden: the emulated nodes would all put their "
+              "rank 0 on cuda:0, so they run on the CPU with gloo)")
 
 
 # ---------------------------------------------------------------------------------------------- what ranks saw

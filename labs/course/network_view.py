@@ -25,8 +25,9 @@ COLORS = dict(zip(network.SCHEMES, ("#4c72b0", "#55a868", "#8172b3", "#c44e52", 
 
 
 def recorded_compute() -> dict:
-    """The recorded step: its time (which already holds its own NVLink traffic between 2 GPUs, so it slightly
-    overstates computing), its tokens per GPU, where and when."""
+    """The recorded step: its time, its tokens per GPU, where and when. The time is a whole measured ZeRO-3 step on
+    2 GPUs, its own NVLink collectives included, so it overstates pure computing (how much is not measured).
+    The sweep keeps these tokens per GPU at every node count: weak scaling, the global batch grows with the GPUs."""
     row = next(r for r in results.rows(results.load_all()) if (r["run"], r["case"]) == RECORDED)
     return dict(run=row["run"], case=row["case"], gpu=row["gpu"], gpus=row["gpus"], step_s=row["step_s"],
                 tokens_per_gpu=row["tokens_per_step"] // row["gpus"], tokens_per_s_per_gpu=row["tokens_per_s_per_gpu"],
@@ -37,6 +38,19 @@ def sweep_rows(inter_gbps=None, intra_gbps=None, gpus_per_node=None, nodes=None,
     v = _values(inter_gbps, intra_gbps, gpus_per_node, nodes, preset)
     return network.sweep(v["params"], v["gpus_per_node"], list(v["nodes"]), v["intra_gbps"], v["inter_gbps"],
                          recorded_compute()["step_s"])
+
+
+def fsdp2_against_zero3(nodes=(2, 4, 8, 32), gpus_per_node=None, preset=None) -> list[dict]:
+    """GB leaving each node per step: ZeRO-3 against FSDP2 hybrid with its gradients reduced in fp32 (labs'
+    setting) and in bf16, at each node count."""
+    v = _values(None, None, gpus_per_node, nodes, preset)
+
+    def out_gb(scheme, n, reduce_bytes=network.FP32):
+        cluster = network.Cluster(v["gpus_per_node"], n, v["intra_gbps"], v["inter_gbps"])
+        return network.step_time(scheme, v["params"], cluster, 0, reduce_bytes=reduce_bytes)["node_out_bytes"] / 1e9
+
+    return [dict(nodes=n, zero3=out_gb("ZeRO-3", n), fsdp2_fp32=out_gb("FSDP2 hybrid", n),
+                 fsdp2_bf16=out_gb("FSDP2 hybrid", n, network.BF16)) for n in v["nodes"]]
 
 
 def sweep_plot(inter_gbps=None, intra_gbps=None, gpus_per_node=None, nodes=None, preset=None, ax=None):

@@ -88,6 +88,20 @@ def predicted_bytes(dims: dict, micro_batch: int, seq_len: int, layers, dtype_by
     return sum(parts.values()) - dtype_bytes * dims["hidden_size"] * tokens + rope
 
 
+# The chapter's FLOP convention, for the tiny layers and the 7B model alike: labs.models.flops_per_token (6 FLOPs per
+# weight per token, 2 forward and 4 backward; the input embedding not counted; attention over the full score
+# matrix, 12 x layers x hidden x seq, no causal discount), with the output layer (lm_head, 6 x vocab x hidden per
+# token) counted in the whole step and left out of the decoder's.
+def head_flops_per_token(dims: dict) -> int:
+    """The output layer's training FLOPs per token: one [hidden, vocab] matmul, forward and backward."""
+    return 6 * dims["vocab_size"] * dims["hidden_size"]
+
+
+def decoder_flops_per_token(dims: dict, seq_len: int) -> float:
+    """The decoder layers' training FLOPs per token (the whole step less the output layer): what measure() counts."""
+    return models.flops_per_token(dims, seq_len) - head_flops_per_token(dims)
+
+
 def recompute_flops_per_token(dims: dict, seq_len: int) -> int:
     """FLOPs one checkpointed layer adds per token: its forward again, counted as labs.models.flops_per_token
     counts it (2 per weight, 4 h s of attention), less the last matmul (down_proj): torch's non-reentrant
@@ -145,10 +159,10 @@ def hf_switch_rows(dims: dict, micro_batch: int, seq_len: int) -> list[dict]:
 def qwen7b_rows(preset="qwen-7b", micro_batch=1, seq_len=4096, gpus=8, ks=(0, 4, 8, 16, 24, 32)) -> list[dict]:
     """labs.memory for a 7B model under ZeRO-3: the decoder's saved activations, the whole activation peak (the
     stock loss's fp32 logits included) and the peak per GPU, with the first k layers checkpointed; and the
-    recompute FLOPs as a share of the step's."""
+    recompute FLOPs as a share of the decoder's FLOPs (as measured_rows counts them) and of the whole step's."""
     dims = models.shape(preset)
     layers = dims["num_hidden_layers"]
-    per_token = models.flops_per_token(dims, seq_len)
+    decoder_flops, whole_flops = decoder_flops_per_token(dims, seq_len), models.flops_per_token(dims, seq_len)
     rows = []
     for k in ks:
         k = min(k, layers)
@@ -158,7 +172,8 @@ def qwen7b_rows(preset="qwen-7b", micro_batch=1, seq_len=4096, gpus=8, ks=(0, 4,
         rows.append(dict(k=k, decoder_bytes=decoder["layers kept whole"] + decoder["checkpointed layer inputs"],
                          activation_peak_bytes=activation_peak(dims, micro_batch, seq_len, k),
                          total_per_gpu_bytes=estimate.total_per_gpu_bytes, peak_phase=estimate.peak_phase,
-                         extra_compute=k * recompute_flops_per_token(dims, seq_len) / per_token))
+                         extra_compute=k * recompute_flops_per_token(dims, seq_len) / decoder_flops,
+                         extra_compute_whole_step=k * recompute_flops_per_token(dims, seq_len) / whole_flops))
     return rows
 
 
@@ -185,7 +200,8 @@ def claims(preset="qwen-7b", micro_batch=1, seq_len=2048) -> list[dict]:
              reason=f"what forward keeps shrinks by {saved:.0%} (each layer keeps only its input); at the step's "
                     f"activation peak, the loss's backward, the stock loss's fp32 logits stay, and it shrinks by "
                     f"{peak_saved:.0%}"),
-        dict(claim="4 x RTX 3090 train a 7B model in fp16 with gradient checkpointing at 22 GB per GPU, no ZeRO",
+        dict(claim="4 x RTX 3090 train a 7B model in fp16 with gradient checkpointing at 22 GB per GPU (the row names "
+                   "no ZeRO stage; read here as: without ZeRO)",
              preset=preset, total_per_gpu=no_zero.total_per_gpu_bytes, paper_model_states_per_gpu=paper,
              bytes_per_param=paper / no_zero.params, fits=no_zero.fits(memory.GPUS["RTX3090"]), verdict="false",
              reason=f"without ZeRO every GPU holds every model state, {paper / no_zero.params:.0f} bytes per "

@@ -47,10 +47,10 @@ def run_variants(out, variants: dict, steps=3, precision="fp32", **launch_option
 
 def _launch(out, config, steps, precision, label, options):
     options = {"preset": "tiny", "instruments": ALL_INSTRUMENTS, **options}
-    print(f"{label}: {steps} steps of '{options['preset']}' on 2 ranks ...", end=" ", flush=True)
+    print(f"{label}: {steps} steps of '{options['preset']}' ...", end=" ", flush=True)
     start = time.perf_counter()
     run = launch.run(config=config, steps=steps, out=out, precision=precision, stream=False, **options)
-    print(f"done in {time.perf_counter() - start:.0f} s", flush=True)
+    print(f"done on {run.spec['nproc']} ranks in {time.perf_counter() - start:.0f} s", flush=True)
     return run
 
 

@@ -2,12 +2,16 @@
 
 The search varies what the chapter teaches (ZeRO stage, activation checkpointing, the loss, optimizer and
 parameter offload) and keeps the model, the batch and the number of GPUs. Options are ranked by a rough
-slowdown factor, only to order them (measure the real cost in the GPU chapter):
-- ZeRO-3: 1.5x the communication volume of ZeRO-1/2 (the paper); counted as 1.1x.
+slowdown factor made of typed rules of thumb, not of measurements; it only orders the options (the GPU chapter
+measures real costs, and `labs memory --plan` ranks GPU-resident setups by a step-time model fitted to them):
+- ZeRO-3: the paper gives it 1.5x the communication volume of ZeRO-1/2; counted as 1.1x the step time, since
+  much of it overlaps with compute.
 - checkpointing k of L layers: each recomputes its forward, a third of forward + backward: 1 + k / (3 L).
 - loss 'chunked': the head's logits are computed twice: 1 + 2 vocab h / FLOPs per token (~3% at 7B);
-  'liger': about free (often faster), but needs a GPU.
+  'liger': counted as free (it is often faster), but needs a GPU.
 - optimizer offload: the Adam step runs on the CPU and grads cross PCIe: 1.5x. Parameter offload: 2x more.
+Among options of the same cost, the one that changes fewest settings wins, then the lower peak: a tie never adds
+a change that is not needed.
 """
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ from labs import models
 from labs.memory.estimate import MemoryEstimate, estimate
 from labs.memory.units import GiB, parse_bytes, usable_bytes
 
+# The typed factors of the rules above (assumptions, not measurements).
 SLOWDOWN = {"zero3": 1.1, "offload_optimizer": 1.5, "offload_param": 2.0, "liger": 1.0}
 
 
@@ -78,11 +83,22 @@ def advise(gpu_memory_bytes, reserve_bytes=None, **inputs) -> Advice:
                     cost = _slowdown(settings, base, k, layers, dims)
                     change = {key: v for key, v in settings.items() if v != base[key]}
                     advice.options.append(dict(change=change, slowdown=cost, estimate=est))
-    advice.options.sort(key=lambda o: (round(o["slowdown"], 6), o["estimate"].total_per_gpu_bytes))
+    advice.options.sort(key=lambda o: (round(o["slowdown"], 6), len(o["change"]),
+                                       o["estimate"].total_per_gpu_bytes))
     if advice.options:
         best = advice.options[0]
         advice.change, advice.slowdown, advice.suggestion = best["change"], best["slowdown"], best["estimate"]
     return advice
+
+
+def slowdown_rules() -> list[dict]:
+    """The rules `advise` ranks options by, as rows for a table: each change and the factor it is charged."""
+    return [dict(change="stage 3 (from 0-2)", factor=f"{SLOWDOWN['zero3']}x"),
+            dict(change="checkpoint k more of L layers", factor="1 + k / (3 L)"),
+            dict(change="loss chunked", factor="1 + 2 vocab hidden / FLOPs per token"),
+            dict(change="loss liger", factor=f"{SLOWDOWN['liger']}x"),
+            dict(change="optimizer offload", factor=f"{SLOWDOWN['offload_optimizer']}x"),
+            dict(change="parameter offload", factor=f"{SLOWDOWN['offload_param']}x, on top of optimizer offload's")]
 
 
 def _fewest_layers(settings, base, now, layers, usable):

@@ -1,4 +1,4 @@
-// What tests/browser/test_book.py reads off one rendered page, evaluated in the page once it has loaded.
+// What tests/browser/test_book_in_browser.py reads off one rendered page, evaluated in the page once it has loaded.
 // Returns {ids, links, images, overflows, page_width}.
 //
 // Overflow, precisely: a box cuts its text off when its content is wider (or, clipped, taller) than the box by

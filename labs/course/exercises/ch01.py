@@ -1,44 +1,50 @@
-"""Chapter 01 (memory math): exercises. Every expected answer is computed by labs.memory."""
+"""Chapter 01 (memory math): exercises. Each asks for a prediction about a setting the chapter never prints; every
+expected answer is computed by labs.memory, the model the chapter proves against the paper, DeepSpeed and
+measurement."""
 from __future__ import annotations
 
-from labs import memory, models
+from labs import memory
 from labs.course.exercises.registry import exercise
-from labs.memory import activations
+
+# The setting of 01.2 to 01.4: activations made small (full checkpointing, the fused loss), so that what each stage
+# keeps between the loss and the update decides the peak.
+SMALL_ACTIVATIONS = dict(preset="qwen2.5-7b", micro_batch=2, seq_len=4096, activation_checkpointing="full",
+                         loss="liger")
 
 
-@exercise("01.1", "Mixed-precision AdamW without ZeRO, paper accounting: bytes of model states per parameter?",
-          "bytes", rel=0, hint="bf16 params and grads, plus K = fp32 master + momentum + variance")
-def _bytes_per_param():
-    return memory.estimate(params=1e9, stage=0).paper_model_states_per_gpu_bytes / 1e9
+@exercise("01.1", "DeepSpeed's ZeRO-2 accounting on 4 GPUs: model states per GPU divided by the model's parameter "
+          "count (the largest layer does not enter at ZeRO-2)?", "bytes per parameter", rel=0,
+          hint="what stays whole on every GPU, plus what is split four ways (the DeepSpeed comparison cell)")
+def _zero2_bytes_per_param():
+    return memory.estimate(params=1e9, stage=2, gpus_per_node=4).model_states_per_gpu_bytes / 1e9
 
 
-@exercise("01.2", "Qwen2.5-7B, ZeRO-2 on 8 GPUs: model states per GPU by the paper's accounting, in GB (1e9 B)?",
-          "GB", hint="2 Psi + (2 + K) Psi / N_d; Psi is the model's real parameter count, not 7e9")
-def _zero2_states():
-    return memory.estimate("qwen2.5-7b", stage=2, gpus_per_node=8).paper_model_states_per_gpu_bytes / 1e9
+@exercise("01.2", "Qwen2.5-7B, ZeRO-2 on 8 GPUs, micro-batch 2 x 4096, full checkpointing, Liger loss: at which "
+          "moment is the peak (init, loss_backward, layer_backward, backward_end or optimizer_step)?",
+          "a moment's name",
+          hint="with activations this small, ask which moment adds a copy of something to the model states")
+def _zero2_peak_moment():
+    return memory.estimate(**SMALL_ACTIVATIONS, stage=2, gpus_per_node=8).peak_phase
 
 
-@exercise("01.3", "Same setup: how many GB more does DeepSpeed's own estimator count than the paper, and why?",
-          "GB", hint="DeepSpeed copies each gradient partition to fp32 for the update: 4 bytes per parameter / N")
-def _deepspeed_extra():
-    est = memory.estimate("qwen2.5-7b", stage=2, gpus_per_node=8)
-    return (est.model_states_per_gpu_bytes - est.paper_model_states_per_gpu_bytes) / 1e9
+@exercise("01.3", "Same setting: how many GiB lower is ZeRO-2's peak than ZeRO-1's? (With the stock loss and no "
+          "checkpointing, the chapter's table shows them equal.)", "GiB", rel=0.05,
+          hint="find each stage's peak moment first; ZeRO-1 holds every bf16 gradient at the end of backward")
+def _zero1_minus_zero2():
+    zero1, zero2 = (memory.estimate(**SMALL_ACTIVATIONS, stage=stage, gpus_per_node=8) for stage in (1, 2))
+    return (zero1.total_per_gpu_bytes - zero2.total_per_gpu_bytes) / memory.GiB
 
 
-@exercise("01.4", "Stock HF loss, Qwen2.5-7B, micro-batch 2 x 4096 tokens: GiB of the three fp32 [tokens, vocab] "
-          "tensors alive in log_softmax's backward?", "GiB",
-          hint="12 bytes per logit: tokens = 2 * 4096 (labels are padded, not cut), vocab = 152,064")
-def _loss_gib():
-    return sum(activations.loss_bytes(models.shape("qwen2.5-7b"), "hf", 2, 4096).values()) / 2 ** 30
+@exercise("01.4", "Same setting with ZeRO-2 on 64 GPUs (8 nodes of 8): the peak per GPU, in GiB?", "GiB", rel=0.02,
+          hint="more GPUs shrink only the partitioned parts; look again at what happens at init")
+def _zero2_on_64():
+    return memory.estimate(**SMALL_ACTIVATIONS, stage=2, gpus_per_node=8, nodes=8).total_per_gpu_bytes / memory.GiB
 
 
-@exercise("01.5", "Fewest GPUs (one node, ZeRO-3, no offload) for Qwen2.5-7B, micro-batch 2 x 4096, full "
-          "checkpointing, Liger loss, to fit 80 GiB cards by the labs peak (est.fits)?", "GPUs", rel=0,
-          hint="try memory.estimate(..., gpus_per_node=n).fits(memory.parse_bytes('80GiB')) for n = 1, 2, ...")
-def _fewest_gpus():
-    for gpus in range(1, 65):
-        est = memory.estimate("qwen2.5-7b", stage=3, gpus_per_node=gpus, micro_batch=2,
-                              activation_checkpointing="full", loss="liger")
-        if est.fits(memory.parse_bytes("80GiB")):
-            return gpus
-    raise AssertionError("no GPU count up to 64 fits")
+@exercise("01.5", "Qwen2.5-7B, ZeRO-3 with the optimizer offloaded to the CPU, one node of 8 GPUs: host memory of "
+          "the node, in GB (1e9 B), by labs' accounting?", "GB", rel=0.02,
+          hint="the chapter's offload cell gives the bytes per parameter of each GPU's partition; the node holds "
+               "eight partitions")
+def _offload_host_gb():
+    est = memory.estimate("qwen2.5-7b", stage=3, gpus_per_node=8, offload_optimizer="cpu")
+    return est.host_per_node_bytes / memory.GB

@@ -1,5 +1,6 @@
-"""Chapter 05 (checkpointing): exercises. Expected answers come from labs.memory, the FLOP count of
-labs.course.recompute and the save schedule of labs.checkpoint, which the chapter's runs check."""
+"""Chapter 05 (checkpointing): exercises. Each is a prediction for Qwen2.5-7B, a 7B model the chapter does not
+tabulate (the notebook prints its shape above the exercises). Expected answers come from labs.memory, the FLOP
+convention of labs.course.recompute and the save schedule of labs.checkpoint, which the chapter's runs check."""
 from __future__ import annotations
 
 from labs import checkpoint, memory, models
@@ -11,34 +12,37 @@ from labs.memory import activations
 
 @exercise("05.1", "Qwen2.5-7B, micro-batch 1, sequence 4096, bf16, every layer checkpointed: how many GiB do the "
           "decoder layers keep for backward at the end of forward?", "GiB", rel=0.02,
-          hint="a checkpointed layer keeps only its input: hidden size x bytes per element per token, in each of "
-               "the 28 layers")
+          hint="a checkpointed layer keeps only its input, one bf16 vector of the hidden size per token; count it "
+               "in every layer of this model, not of Qwen-7B")
 def _checkpointed_inputs_gib(preset="qwen2.5-7b", seq_len=4096):
     parts = activations.activation_bytes(models.shape(preset), 1, seq_len, "full")
     return parts["checkpointed layer inputs"] / memory.GiB
 
 
-@exercise("05.2", "A ZeRO-3 checkpoint of Qwen2.5-7B trained with Adam in bf16: how many GB (1e9 bytes) does it "
-          "take on disk, all ranks' files together?", "GB", rel=0.03,
-          hint="ZeRO-3 saves every rank's partition of the fp32 master weights and of Adam's two moments; the "
-               "bf16 weights are not saved (they are the master weights rounded)")
-def _zero3_checkpoint_gb(preset="qwen2.5-7b"):
-    per_param = expected_bytes_per_param(3)["DeepSpeed checkpoint (every rank's files)"]
+@exercise("05.2", "A ZeRO-2 checkpoint of Qwen2.5-7B trained with Adam in bf16 on 8 GPUs: how many GB (1e9 bytes) "
+          "does it take on disk, all ranks' files together?", "GB", rel=0.03,
+          hint="the ZeRO-3 checkpoint measured in the chapter holds 12 bytes per parameter; ZeRO-1/2 also save "
+               "something ZeRO-3 leaves out")
+def _zero2_checkpoint_gb(preset="qwen2.5-7b"):
+    per_param = expected_bytes_per_param(2)["DeepSpeed checkpoint (every rank's files)"]
     return per_param * models.param_counts(models.shape(preset))["total"] / 1e9
 
 
-@exercise("05.3", "A 1,000-step run with --save-every 150 loses a rank during the save that follows step 600. "
-          "How many optimizer steps does `labs train --resume` redo?", "steps", rel=0,
-          hint="a save is published only when every rank has written it; list the saves before step 600")
-def _steps_redone(steps=1000, save_every=150, crash_after=600):
-    complete = [s for s in range(1, crash_after) if checkpoint.is_due(s, save_every, steps)]
-    return crash_after - complete[-1]
+@exercise("05.3", "A 1,000-step run with --save-every 150 loses a rank while it writes the checkpoint of step 600 "
+          "(step 600 itself was finished and logged). How many optimizer steps does `labs train --resume` redo?",
+          "steps", rel=0, hint="a save is published only when every rank has written it: which is the newest "
+                               "complete checkpoint, and which logged steps come after it?")
+def _steps_redone(steps=1000, save_every=150, crash_in_save_of=600):
+    complete = [s for s in range(1, crash_in_save_of) if checkpoint.is_due(s, save_every, steps)]
+    return crash_in_save_of - complete[-1]
 
 
-@exercise("05.4", "Qwen2.5-7B at sequence 4096 with every layer checkpointed: what percentage of the step's "
-          "FLOPs (6 per weight + attention) does recomputation add, with torch's early stop?", "%", rel=0.05,
-          hint="each layer's forward again, less its last matmul (down_proj), against 6 FLOPs per weight per token "
-               "plus attention; recompute.recompute_flops_per_token does one layer")
+@exercise("05.4", "Qwen2.5-7B at sequence 4096 with every layer checkpointed: what percentage of the whole step's "
+          "FLOPs (the output layer included, the chapter's FLOP convention) does recomputation add?", "%",
+          rel=0.05, hint="per layer: its forward again (2 FLOPs per weight, 4 x hidden x seq of attention) less "
+                         "down_proj's matmul; the step: 6 per weight (output layer included, embedding not) plus "
+                         "12 x layers x hidden x seq; Qwen2.5-7B's attention has fewer key/value weights than "
+                         "Qwen-7B's")
 def _recompute_share(preset="qwen2.5-7b", seq_len=4096):
     dims = models.shape(preset)
     added = dims["num_hidden_layers"] * recompute.recompute_flops_per_token(dims, seq_len)

@@ -12,12 +12,13 @@ HOSTFILE = "worker-1 slots=4\nworker-2 slots=4\n"
 NVLINK_GBPS, EIGHT_NICS_GBPS = 450, 400
 
 
-def _cluster(nodes=4):
-    return network.Cluster(gpus_per_node=8, nodes=nodes, intra_gbps=NVLINK_GBPS, inter_gbps=EIGHT_NICS_GBPS)
+# The cluster of exercises 06.3-06.5, one the chapter never prints: 3 nodes of 4 GPUs.
+NODES, GPUS_PER_NODE = 3, 4
 
 
-def _node_out_gb(scheme, nodes=4):
-    return network.step_time(scheme, QWEN25_PARAMS, _cluster(nodes), compute_s=1.0)["node_out_bytes"] / 1e9
+def _node_out_gb(scheme):
+    cluster = network.Cluster(GPUS_PER_NODE, NODES, intra_gbps=NVLINK_GBPS, inter_gbps=EIGHT_NICS_GBPS)
+    return network.step_time(scheme, QWEN25_PARAMS, cluster, compute_s=1.0)["node_out_bytes"] / 1e9
 
 
 @exercise("06.1", "2 nodes x 8 GPUs, torchrun's static rendezvous: the RANK of the process with LOCAL_RANK 3 on "
@@ -34,24 +35,26 @@ def _ranks_after_exclude():
     return sum(len(slots) for slots in multinode.hosts_in_use(HOSTFILE, exclude="worker-1:3@worker-2:3").values())
 
 
-@exercise("06.3", "Qwen2.5-7B, ZeRO-3, 4 nodes x 8 GPUs: how many GB does each node send to the other nodes per "
-          "step (one micro-batch)?", "GB", rel=0.05,
-          hint="three collectives over all 32 ranks, each with the bf16 model as payload; a ring sends (N-1)/N "
-               "of it out of each node")
+@exercise("06.3", f"Qwen2.5-7B, ZeRO-3, {NODES} nodes x {GPUS_PER_NODE} GPUs: how many GB does each node send to "
+          "the other nodes per step (one micro-batch)?", "GB", rel=0.01,
+          hint=f"three collectives over all {NODES * GPUS_PER_NODE} ranks, each with the bf16 model "
+               f"({2 * QWEN25_PARAMS / 1e9:.2f} GB) as payload; a ring spanning nodes sends (N-1)/N of it out of "
+               "each node, whatever the GPUs per node")
 def _zero3_node_out():
     return _node_out_gb("ZeRO-3")
 
 
 @exercise("06.4", "Same cluster: by what factor does ZeRO++ with hpZ, qwZ and qgZ cut those bytes?", "x",
-          rel=0.05, hint="hpZ keeps the backward all-gather in the node, qwZ halves the forward one (int8), qgZ "
-                         "sends int4 gradients across nodes on 1/8 of the gradient per GPU")
+          rel=0.01, hint="hpZ keeps the backward all-gather in the node, qwZ sends the forward one as int8 over all "
+                         f"{NODES * GPUS_PER_NODE} ranks, qgZ sends int4 gradients across the {NODES} nodes (each "
+                         "node's G groups together carry the whole int4 gradient once, (n-1)/n of it leaving)")
 def _zeropp_factor():
     return _node_out_gb("ZeRO-3") / _node_out_gb("ZeRO++ hpZ+qwZ+qgZ")
 
 
-@exercise("06.5", "FSDP2 hybrid sharding (shard in the node, replicate across 4 nodes, fp32 gradient reduction): GB "
-          "each node sends to the other nodes per step?", "GB", rel=0.05,
-          hint="only the all-reduce of the fp32 gradient shards leaves the node: 8 groups of 4 ranks, each "
-               "all-reducing 1/8 of the gradients (an all-reduce sends twice (N-1)/N)")
+@exercise("06.5", f"FSDP2 hybrid sharding (shard in the node, replicate across the {NODES} nodes, fp32 gradient "
+          "reduction, labs' setting), same cluster: GB each node sends to the other nodes per step?", "GB",
+          rel=0.01, hint="only the all-reduce of the fp32 gradient shards leaves the node: G groups of one rank per "
+                         "node, each all-reducing 1/G of the gradients; an all-reduce sends twice (n-1)/n")
 def _hsdp_node_out():
     return _node_out_gb("FSDP2 hybrid")
