@@ -35,6 +35,7 @@ ENGINES = resolve.ENGINES
 # environment each rank got. Named here so bad names fail before any rank starts.
 INSTRUMENTS = ("state_bytes", "comm", "zero_buffers", "state_dict", "probe_logits", "rank_env")
 GPU_ONLY = {"loss": "liger", "kernels": "liger"}       # Liger's Triton kernels
+DEVICES = (None, "cpu", "cuda")                         # None: the GPUs where there are any, else the CPU
 
 
 def prepare(resume=None, **options):
@@ -55,12 +56,13 @@ def inputs(preset="tiny", config=resolve.DEFAULT_CONFIG, steps=30, out="runs/dem
            seed=0, micro_batch=None, grad_accum=None, seq_len=None, lr=None, data_path=None, loss="hf",
            activation_checkpointing="none", warmup_steps=2, engine=None, stock=False, kernels="stock",
            precision=None, instruments=("state_bytes",), gpu_memory=None, memory_check=True, compile=False,
-           sdpa="default", fp8=False, save_every=None, nodes=None):
+           sdpa="default", fp8=False, save_every=None, nodes=None, device=None):
     """The checks and the spec of a new run. `instruments` names what the rank loop measures besides training
     (INSTRUMENTS); `gpu_memory` caps each rank's GPU memory (e.g. "80GiB" or "H100": an H200 then behaves as an
     80 GB card); `engine` None: FSDP2 when the config has an "fsdp" block, else DeepSpeed (labs.resolve.engine);
     `save_every` writes a checkpoint every that many steps and at the last (labs.checkpoint). `nodes`: a
-    labs.multinode.Nodes, or None for this host alone."""
+    labs.multinode.Nodes, or None for this host alone. `device` "cpu": CPU ranks (gloo) even on a GPU host (the
+    ranks see no GPU); "cuda": GPU ranks or an error; None: one rank per GPU where there is one, else CPU ranks."""
     models.check_preset(preset)
     check_choice("loss", loss, models.LOSSES)
     check_choice("kernels", kernels, models.KERNELS)
@@ -80,7 +82,12 @@ def inputs(preset="tiny", config=resolve.DEFAULT_CONFIG, steps=30, out="runs/dem
         raise LabsError(f"--seed must be a non-negative integer, not {seed!r}")
     if not isinstance(warmup_steps, int) or warmup_steps < 0:
         raise LabsError(f"warmup_steps must be a non-negative integer, not {warmup_steps!r}")
-    on_gpu = torch.cuda.is_available()
+    check_choice("device", device, DEVICES)
+    if device == "cpu" and nodes is not None:
+        raise LabsError("device 'cpu' runs on this host alone; drop it or the nodes")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise LabsError("device 'cuda': this machine has no GPU that torch can use; drop it to run on the CPU")
+    on_gpu = torch.cuda.is_available() and device != "cpu"
     for option, value in (("loss", loss), ("kernels", kernels)):
         if value == GPU_ONLY[option] and not on_gpu:
             raise LabsError(f"--{option} {value}: Liger's Triton kernels need an NVIDIA GPU; on a CPU use "
@@ -126,7 +133,8 @@ def inputs(preset="tiny", config=resolve.DEFAULT_CONFIG, steps=30, out="runs/dem
                 activation_checkpointing=str(activation_checkpointing), warmup_steps=warmup_steps, engine=engine,
                 stock=stock, kernels=kernels, instruments=list(instruments), gpu_memory_bytes=gpu_memory_bytes,
                 compile=bool(compile), sdpa=sdpa, fp8=bool(fp8),
-                precision=config_lib.precision(resolved), out=str(Path(out)), save_every=save_every)
+                precision=config_lib.precision(resolved), out=str(Path(out)), save_every=save_every,
+                device="cuda" if on_gpu else "cpu")
     if nodes is not None:
         spec["nodes"] = nodes.record()
         rendezvous.check_endpoint(nodes)     # last: a node > 0 may wait here (bounded) for node 0
@@ -144,6 +152,8 @@ def run(stream=True, **kwargs) -> Run:
     with runfolder.claim(out) as work:
         env, repairs = env_lib.repaired_environment(spec["nproc"], config_lib.offloads(resolved)["optimizer"] == "cpu")
         env = _with_labs_importable(env)
+        if spec.get("device") == "cpu":     # CPU ranks on a GPU host: they must not see the GPUs
+            env.update(CUDA_VISIBLE_DEVICES="", DS_ACCELERATOR="cpu")
         command = launcher_command(spec["nproc"], work, kwargs.get("nodes"))
         (work / "run.json").write_text(json.dumps(spec, indent=1) + "\n")
         (work / "ds_config.json").write_text(json.dumps(resolved, indent=1) + "\n")
@@ -156,7 +166,7 @@ def run(stream=True, **kwargs) -> Run:
         for repair in repairs:
             print(f"labs: repaired {repair}", flush=True)
         optimizer = resolved.get("optimizer") or {}
-        building = env_lib.ops_to_build(torch.cuda.is_available(), config_lib.offloads(resolved)["optimizer"] == "cpu",
+        building = env_lib.ops_to_build(spec.get("device") == "cuda", config_lib.offloads(resolved)["optimizer"] == "cpu",
                                         fused_adam=spec["engine"] == "deepspeed" and bool(optimizer) and
                                         not (optimizer.get("params") or {}).get("torch_adam"))
         if building:

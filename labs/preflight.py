@@ -16,6 +16,8 @@ import torch
 from labs import memory, models
 from labs.errors import LabsError
 
+# gloo ranks beyond two per core only thrash (measured on the 2-core CI machine: 4 ranks work, slowly).
+CPU_RANKS_PER_CORE = 2
 # Top-level keys labs itself reads (DeepSpeed ignores them): the FSDP2 engine's settings.
 LABS_KEYS = ("fsdp",)
 # DeepSpeed's pydantic sections, by the class name its validation errors carry.
@@ -193,16 +195,21 @@ def check_positive(name: str, value, kind=int):
     return value
 
 
+def ranks_that_fit(on_gpu: bool) -> int:
+    """How many ranks labs starts on this host at most: one per GPU, or CPU_RANKS_PER_CORE per CPU core."""
+    return torch.cuda.device_count() if on_gpu else CPU_RANKS_PER_CORE * (os.cpu_count() or 1)
+
+
 def check_hardware(nproc: int, on_gpu: bool, seq_len: int, dims: dict, estimate_kwargs: dict,
                    gpu_memory_bytes: int | None = None) -> None:
     """What is known before launching: ranks vs devices (one per GPU; on a CPU at most two per core: gloo ranks
     beyond that only thrash), sequence vs positions, and labs.memory's peak against the
     memory each rank has (a GPU, or this host's share for CPU ranks). Refused when the prediction is 25% over:
     the model is within 10% on every recorded GPU run."""
-    cores = os.cpu_count() or 1
-    devices = torch.cuda.device_count() if on_gpu else 2 * cores
+    devices = ranks_that_fit(on_gpu)
     if nproc > devices:
-        what = f"{devices} GPU(s)" if on_gpu else f"{cores} CPU core(s); labs starts at most 2 CPU ranks per core"
+        what = f"{devices} GPU(s)" if on_gpu else \
+            f"{os.cpu_count() or 1} CPU core(s); labs starts at most {CPU_RANKS_PER_CORE} CPU ranks per core"
         raise LabsError(f"--nproc {nproc}: this machine has {what}")
     positions = dims.get("max_position_embeddings")
     if positions and seq_len > positions:

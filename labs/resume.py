@@ -62,6 +62,8 @@ def options(resume, given: dict) -> dict:
     spec = json.loads((run_dir / "run.json").read_text())
     resolved = json.loads((run_dir / "ds_config.json").read_text())
     inherited = {name: spec[key] for key, name in INHERITED.items() if key in spec}
+    if spec.get("device") == "cpu":                   # CPU ranks stay CPU ranks, on a GPU host too
+        inherited["device"] = "cpu"
     inherited.update(out=str(run_dir), micro_batch=resolved["train_micro_batch_size_per_gpu"],
                      grad_accum=resolved["gradient_accumulation_steps"])
     lr = (resolved.get("optimizer") or {}).get("params", {}).get("lr")

@@ -135,7 +135,9 @@ CLAIMS = [
           "ZeRO-3 changes where the states live, not the update. Chapter 7's check, whether a run's losses stay "
           "within bf16 rounding of ZeRO-3's: {fsdp} for FSDP2's FULL_SHARD, {zero2} for DeepSpeed's ZeRO-2; on H200 "
           "ZeRO-1, ZeRO-2 and ZeRO-3 reached {z1}, {z2} and "
-          "{z3} at step 7.", "loss at step 7: {z1} / {z2} / {z3} (ZeRO-1 / 2 / 3)",
+          "{z3} at step 7, ZeRO-3 lowest; what separates those curves from FSDP2's follows whether the master "
+          "weights start on the bf16 grid at a learning rate below bf16's resolution (chapter 7's probe), not the "
+          "ZeRO stage.", "loss at step 7: {z1} / {z2} / {z3} (ZeRO-1 / 2 / 3)",
           (Read(CH7, "Two claims, graded", r"^full shard / fsdp2\s.*?: (\w+)", ("fsdp",)),
            Read(CH7, "Two claims, graded", r"^shard grads \+ optimizer / deepspeed\s.*?: (\w+)", ("zero2",)),
            Read(CH7, "Two claims, graded", r"labs-zero1\s+first loss \S+, loss at step 7 (\S+)", ("z1",)),

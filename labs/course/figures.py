@@ -269,3 +269,16 @@ def checkpoint_sizes(rows: list[dict], ax=None, title="bytes per parameter on di
     ax.grid(axis="x", alpha=0.3)
     ax.legend(fontsize=7, loc="lower right")
     return ax
+
+
+def loss_fall(curves: dict, ax=None, title="how far the loss fell", ylabel="loss fallen (nats)"):
+    """curves: {label: [value per step]}. How far training moved the loss, step by step, one line per recipe or
+    engine (dashed: the DeepSpeed-like ones, whose labels say "on grid" or name a ZeRO stage)."""
+    ax = ax or plt.subplots(figsize=(6, 3.5))[1]
+    for label, values in curves.items():
+        dashed = "on grid" in label or "zero" in label.lower()
+        ax.plot(range(1, len(values) + 1), values, marker=".", linestyle="--" if dashed else "-", label=label)
+    ax.set(xlabel="optimizer step", ylabel=ylabel, title=title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return ax

@@ -5,8 +5,12 @@ or a clean OpenMP start), so the notebook's own process stays free of them:
                                        # changes; DeepSpeed bf16: Adam's step count right after deepspeed.initialize
     fsdp_probes.host_adam_seconds()    # one AdamW step over 20 M fp32 parameters on the host: DeepSpeed's CPU Adam
                                        # against torch's AdamW (fused, and foreach), as offloaded training runs it
+    fsdp_probes.bf16_grid()            # the two engines' mixed-precision recipe in one process, fp32 master
+                                       # weights starting off or on the bf16 grid, at a small and a large lr
 
-    python -m labs.course.fsdp_probes optimizers | host-adam NUMEL STEPS   # the child processes (one JSON line)
+    python -m labs.course.fsdp_probes optimizers | host-adam NUMEL STEPS | bf16-grid   # the child processes
+
+Every child runs on the CPU with the GPUs hidden (their numbers are the same on a GPU host).
 """
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ import sys
 import tempfile
 import time
 
+from labs import data, models
 from labs.env import repaired_environment
 
 
@@ -33,8 +38,21 @@ def host_adam_seconds(numel: int = 20_000_000, steps: int = 3) -> dict:
     return _child(["host-adam", str(numel), str(steps)])
 
 
+def bf16_grid(lrs=(1e-5, 5e-3), steps: int = 6) -> dict:
+    """The tiny model trained for `steps` steps at each constant lr, one process, the rows the chapter's 2-rank
+    runs see, with bf16 compute and fp32 master weights updated by AdamW (betas, eps and clipping of the chapter's
+    files). Two recipes differ only in where the fp32 master starts: "off grid" holds the fp32 weights as built
+    (FSDP2: its parameters are the fp32 master, cast to bf16 per layer), "on grid" holds those weights rounded to
+    bf16 (DeepSpeed: it builds the model in bf16 and copies it into its fp32 master). Per lr and recipe: the loss
+    of each step, how far it fell below the loss of the untrained weights on the same batch, and the share of bf16
+    weights that differ from the initial ones."""
+    return _child(["bf16-grid", ",".join(map(str, lrs)), str(steps)])
+
+
 def _child(arguments: list[str]) -> dict:
-    env = dict(repaired_environment(1, cpu_offload=True)[0], PYTHONWARNINGS="ignore")
+    # CPU only, on a GPU host too: the probes are about the libraries' logic, not a device.
+    env = dict(repaired_environment(1, cpu_offload=True)[0], PYTHONWARNINGS="ignore", CUDA_VISIBLE_DEVICES="",
+               DS_ACCELERATOR="cpu")
     result = subprocess.run([sys.executable, "-m", "labs.course.fsdp_probes", *arguments], env=env,
                             capture_output=True, text=True, timeout=600)
     if result.returncode != 0:
@@ -131,11 +149,58 @@ def _host_adam(numel: int, steps: int) -> dict:
                 torch_adamw_foreach=median_step(lambda ps: torch.optim.AdamW(ps, lr=1e-3, foreach=True)))
 
 
+def _bf16_grid(lrs: list[float], steps: int) -> dict:
+    import torch
+
+    cpu = torch.device("cpu")
+    batches = list(_take(data.rank_batches(data.pack(data.corpus_tokens(), 64), 4, 0, 1, seed=0), steps))
+    built = {name: p.detach().clone() for name, p in
+             models.build("tiny", dtype=torch.float32, device=cpu, seed=0).named_parameters()}
+    model = models.CausalLM(models.build("tiny", dtype=torch.bfloat16, device=cpu, seed=0))
+    params = dict(model.hf.named_parameters())          # the tied head shares the embedding: one entry
+    initial = {name: p.detach().to(torch.bfloat16) for name, p in built.items()}
+    with torch.no_grad():
+        for name, p in params.items():
+            p.copy_(initial[name])
+        untrained = [float(model(batch)) for batch in batches]
+    found = dict(untrained=untrained, runs={})
+    for lr in lrs:
+        for recipe in ("off grid", "on grid"):
+            master = {name: (w.clone() if recipe == "off grid" else w.to(torch.bfloat16).float()).requires_grad_()
+                      for name, w in built.items()}
+            optimizer = torch.optim.AdamW(master.values(), lr=lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
+            losses, changed = [], []
+            for batch in batches:
+                with torch.no_grad():
+                    for name, p in params.items():      # bf16 compute weights: the master rounded to nearest
+                        p.copy_(master[name])
+                changed.append(sum(int((p != initial[n]).sum()) for n, p in params.items()) /
+                               sum(p.numel() for p in params.values()))
+                loss = model(batch)
+                loss.backward()
+                for name, p in params.items():
+                    master[name].grad, p.grad = p.grad.float(), None
+                torch.nn.utils.clip_grad_norm_(master.values(), 1.0)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                losses.append(float(loss))
+            found["runs"][f"{lr:g} {recipe}"] = dict(lr=lr, recipe=recipe, losses=losses, changed=changed,
+                                                     fell=[u - x for u, x in zip(untrained, losses)])
+    return found
+
+
+def _take(iterator, n: int):
+    for _ in range(n):
+        yield next(iterator)
+
+
 if __name__ == "__main__":
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     if sys.argv[1:2] == ["optimizers"]:
         print(json.dumps(_optimizers()))
     elif sys.argv[1:2] == ["host-adam"] and len(sys.argv) == 4:
         print(json.dumps(_host_adam(int(sys.argv[2]), int(sys.argv[3]))))
+    elif sys.argv[1:2] == ["bf16-grid"] and len(sys.argv) == 4:
+        print(json.dumps(_bf16_grid([float(x) for x in sys.argv[2].split(",")], int(sys.argv[3]))))
     else:
-        sys.exit("usage: python -m labs.course.fsdp_probes optimizers | host-adam NUMEL STEPS")
+        sys.exit("usage: python -m labs.course.fsdp_probes optimizers | host-adam NUMEL STEPS | bf16-grid LRS STEPS")

@@ -10,13 +10,15 @@ Every run is a plain `labs.launch.run` of a file in ds_configs/: FSDP2 is select
 """
 from __future__ import annotations
 
+import math
 import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from labs import CONFIGS, launch, memory
-from labs.bench import results
+import torch
+
+from labs import CONFIGS, launch, memory, preflight
 from labs.instruments import comm
 
 ENGINES = ("fsdp2", "deepspeed")
@@ -55,9 +57,18 @@ ROWS = {row.what: row for row in MAPPING}
 def run_mapping(out, steps=6, rows=MAPPING, **launch_options) -> dict:
     """One FSDP2 and one DeepSpeed launch per row, same preset, seed, data and steps (so every 2-rank run has the
     same batches and learning-rate schedule, and any two can be compared); bf16 as the files say. Returns
-    {row name: {"fsdp2": Run, "deepspeed": Run}}. The first row also writes and describes a real checkpoint."""
+    {row name: {"fsdp2": Run, "deepspeed": Run}}. The first row also writes and describes a real checkpoint.
+
+    Every run uses CPU ranks (gloo), on a GPU host too: the tiny model needs no GPU, one GPU could not hold two
+    ranks, and the chapter's checked numbers (bf16 rounding on a CPU) come out the same on every machine. A row
+    that needs more ranks than this host starts (labs.preflight.ranks_that_fit) is skipped with one printed line."""
+    launch_options = {"preset": "tiny", "device": "cpu", **launch_options}
+    fit = preflight.ranks_that_fit(on_gpu=launch_options["device"] != "cpu" and torch.cuda.is_available())
     pairs = {}
     for index, row in enumerate(rows):
+        if row.ranks > fit:
+            print(f"{row.what} row skipped: it needs {row.ranks} ranks and this machine starts at most {fit}")
+            continue
         instruments = MAIN_INSTRUMENTS if index == 0 else ROW_INSTRUMENTS
         pairs[row.what] = {engine: _launch(Path(out) / f"{_slug(row.what)}_{engine}", file, steps, row.ranks,
                                            instruments, launch_options)
@@ -66,13 +77,14 @@ def run_mapping(out, steps=6, rows=MAPPING, **launch_options) -> dict:
 
 
 def _launch(out, file, steps, ranks, instruments, options):
-    options = {"preset": "tiny", **options}
-    print(f"{file}: {steps} steps of '{options['preset']}' on {ranks} ranks ...", end=" ", flush=True)
+    where = "CPU ranks" if options.get("device") == "cpu" else "ranks"
+    print(f"{file}: {steps} steps of '{options['preset']}' on {ranks} {where} ...", end=" ", flush=True)
     start = time.perf_counter()
     run = launch.run(config=CONFIGS / file, steps=steps, nproc=ranks, out=out, stream=False, instruments=instruments,
                      **options)
     print(f"done in {time.perf_counter() - start:.0f} s", flush=True)
     return run
+
 
 
 def _slug(text: str) -> str:
@@ -92,12 +104,51 @@ def parity(pair: dict) -> dict:
                 tolerance=tolerance, within=max(differences) <= tolerance, differences=differences)
 
 
-def adam_first_update_ratio(betas=(0.9, 0.95), steps_before: int = 1) -> float:
-    """Size of Adam's first real update when its step counter already stands at `steps_before` (zero-gradient
-    steps: the moments are still zero), relative to a fresh Adam's, for the same gradient and eps neglected:
-    bias correction then divides by 1 - beta^(steps_before + 1) instead of 1 - beta."""
-    (b1, b2), t = betas, steps_before + 1
-    return ((1 - b1) / (1 - b1 ** t)) / ((1 - b2) / (1 - b2 ** t)) ** 0.5
+def adam_update_ratio(betas=(0.9, 0.95), steps_before: int = 1, real_steps: int = 1) -> float:
+    """Size of Adam's update at its `real_steps`-th gradient when its counter had already counted `steps_before`
+    zero-gradient steps (they leave the moments at zero), relative to a fresh Adam's, for a steady gradient and
+    eps neglected: the moments hold the same (1 - beta^k) share of the gradient, but bias correction divides by
+    1 - beta^(k + steps_before) instead of 1 - beta^k."""
+    (b1, b2), k, t = betas, real_steps, real_steps + steps_before
+    return ((1 - b1 ** k) / (1 - b1 ** t)) / ((1 - b2 ** k) / (1 - b2 ** t)) ** 0.5
+
+
+def schedule_lrs(config_file: str, steps: int, preset: str = "tiny") -> list[float]:
+    """The learning rate each of `steps` optimizer steps uses, from the scheduler labs resolves for the file
+    (DeepSpeed's own class, as both engines run it): WarmupCosineLR starts at warmup_min_lr, 0 here."""
+    _quiet_deepspeed_import()
+    from deepspeed.runtime import lr_schedules
+
+    _, resolved = launch.prepare(preset=preset, config=CONFIGS / config_file, steps=steps, device="cpu")
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=resolved["optimizer"]["params"]["lr"])
+    logger, level = lr_schedules.logger, lr_schedules.logger.level
+    logger.setLevel("ERROR")        # it warns that its lr is read before a first step: the step-1 lr is what we want
+    try:
+        scheduler = getattr(lr_schedules, resolved["scheduler"]["type"])(optimizer, **resolved["scheduler"]["params"])
+    finally:
+        logger.setLevel(level)
+    lrs = []
+    for _ in range(steps):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    return lrs
+
+
+def bf16_spacing(value: float) -> float:
+    """The gap between neighbouring bf16 numbers around `value` (8 significant bits: 2^(exponent - 7))."""
+    return 2.0 ** (math.floor(math.log2(abs(value))) - 7)
+
+
+def grid_summary(grid: dict) -> list[dict]:
+    """Per learning rate of fsdp_probes.bf16_grid: how far below the untrained loss each recipe got by the last
+    step, the ratio (on grid / off grid), and the share of bf16 weights each had changed by then."""
+    rows = []
+    for lr in sorted({run["lr"] for run in grid["runs"].values()}):
+        off, on = (grid["runs"][f"{lr:g} {recipe}"] for recipe in ("off grid", "on grid"))
+        rows.append(dict(lr=lr, off_fell=off["fell"][-1], on_fell=on["fell"][-1], ratio=on["fell"][-1] / off["fell"][-1],
+                         off_changed=off["changed"][-1], on_changed=on["changed"][-1], steps=len(off["fell"])))
+    return rows
 
 
 def parity_rows(pairs: dict) -> list[dict]:
@@ -168,114 +219,53 @@ def time_rows(pairs: dict) -> list[dict]:
 # ---------------------------------------------------------------------------------------------- checkpoints
 def state_dict_rows(pair: dict, rank=0) -> list[dict]:
     """The named tensors of each engine's checkpoint on one rank: as saved (FSDP2's sharded state dict, DeepSpeed's
-    model-states file) and gathered whole (FSDP2's full_state_dict on rank 0, DeepSpeed's zero_to_fp32)."""
+    model-states file) and gathered whole (FSDP2's full_state_dict on rank 0, DeepSpeed's zero_to_fp32). ZeRO-3's
+    model-states file holds empty placeholders: their placement says so, and their full shape is not in the file."""
     rows = []
     for engine in ENGINES:
         found = pair[engine].summary["state_dict"][rank]
         for kind, samples in (("saved", found["samples"]), ("gathered", found["full_samples"])):
-            rows += [dict(engine=engine, kind=kind, **sample) for sample in samples]
+            for sample in samples:
+                if engine == "deepspeed" and kind == "saved" and sample["local_shape"] == [0]:
+                    sample = dict(sample, full_shape="-", placement="empty placeholder")
+                rows.append(dict(engine=engine, kind=kind, **sample))
     return rows
+
+
+def checkpoint_contents(pair: dict, rank=0) -> list[dict]:
+    """What fills one rank's checkpoint file(s), by kind of tensor, with bytes and bytes per parameter this rank
+    owns: DCP's own index of its .distcp file, and the tensors of DeepSpeed's optimizer-states file."""
+    rows = []
+    for engine in ENGINES:
+        run = pair[engine]
+        owned = run.summary["params"] / run.spec["nproc"]
+        tied = run.spec["dims"].get("tie_word_embeddings", False)
+        kinds: dict[str, int] = {}
+        for key, found in run.summary["state_dict"][rank]["file_contents"].items():
+            kind = _content_kind(key, tied)
+            kinds[kind] = kinds.get(kind, 0) + (found if isinstance(found, int) else found["bytes"])
+        rows += [dict(engine=engine, what=kind, bytes=kinds[kind], per_param=kinds[kind] / owned)
+                 for kind in CONTENT_KINDS if kind in kinds]
+    return rows
+
+
+CONTENT_KINDS = ("fp32 parameters", "fp32 master (fp32_flat_groups)", "tied head: the embedding again",
+                 "Adam exp_avg", "Adam exp_avg_sq", "other (step counters)")
+
+
+def _content_kind(key: str, tied: bool) -> str:
+    for suffix, kind in (("exp_avg", "Adam exp_avg"), ("exp_avg_sq", "Adam exp_avg_sq")):
+        if key.endswith(suffix):
+            return kind
+    if key.startswith("model."):
+        return "tied head: the embedding again" if tied and key.endswith("lm_head.weight") else "fp32 parameters"
+    return "fp32 master (fp32_flat_groups)" if "fp32_flat_groups" in key else "other (step counters)"
 
 
 def checkpoint_files(run, rank=0) -> list[dict]:
     return run.summary["state_dict"][rank]["files"]
 
 
-# ---------------------------------------------------------------------------------------------- GPU results
-# The recorded H200 cases of this comparison: FSDP2 in runs a and d; labs-zero3 in runs a and e (run d has no
-# labs-zero3 case, and run c's is marked invalid). Same levers for both: Liger kernels and loss, no checkpointing.
-GPU_CASES = (("a_zero3_2xh200", "labs-fsdp2"), ("d_zero3_repeat_2xh200", "labs-fsdp2"),
-             ("a_zero3_2xh200", "labs-zero3"), ("e_zero3_final_2xh200", "labs-zero3"))
-
-
-def gpu_rows() -> list[dict]:
-    """The recorded H200 rows (results/gpu), with labs.memory's predicted peak for each."""
-    table = results.rows(results.load_all())
-    found = []
-    for run, case in GPU_CASES:
-        row = results.find(table, run, case)
-        found.append(dict(row, label=f"{case} (run {run[0]})", predicted_peak_gib=results.predicted_peak_gib(row),
-                          loss_at_step=row["losses"][-1], steps=len(row["losses"])))
-    return found
-
-
-# ---------------------------------------------------------------------------------------------- the libraries' word
-def deepspeed_config_error(config: dict) -> str | None:
-    """The message DeepSpeed's own config class stops with for `config`, checked before any process group is
-    needed (DeepSpeed 0.19 refuses the keys of features it removed); None when it passes that check."""
-    _quiet_deepspeed_import()
-    from deepspeed.runtime.config import DeepSpeedConfig, DeepSpeedConfigError
-
-    try:
-        DeepSpeedConfig(config)
-    except DeepSpeedConfigError as error:
-        return str(error)
-    except Exception:        # past the removed-keys check: it now wants a process group, which is not ours to start
-        return None
-    return None
-
-
-def offload_options() -> list[dict]:
-    """What each engine lets a run offload, read from the installed libraries: FSDP2's offload policies and their
-    fields, DeepSpeed's offload devices and the keys of its offload_optimizer section."""
-    import dataclasses
-
-    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
-
-    _quiet_deepspeed_import()
-    from deepspeed.runtime.zero.offload_config import DeepSpeedZeroOffloadOptimizerConfig, OffloadDeviceEnum
-
-    devices = [device.value for device in OffloadDeviceEnum]
-    return [dict(engine="FSDP2", what="offload_policy", choices=", ".join(
-                     f"{cls.__name__}({', '.join(f.name for f in dataclasses.fields(cls))})"
-                     for cls in (OffloadPolicy, CPUOffloadPolicy)), moves="parameters, gradients, optimizer: together"),
-            dict(engine="DeepSpeed", what="offload_optimizer.device", choices=", ".join(devices),
-                 moves="optimizer states and step (stages 1-3)"),
-            dict(engine="DeepSpeed", what="offload_param.device", choices=", ".join(devices),
-                 moves="parameter partitions (stage 3)"),
-            dict(engine="DeepSpeed", what="offload_optimizer keys",
-                 choices=", ".join(k for k in DeepSpeedZeroOffloadOptimizerConfig.model_fields if k != "device"),
-                 moves="ratio: part of the optimizer only (stage 3)")]
-
-
 def _quiet_deepspeed_import():
     """Name the accelerator before DeepSpeed is first imported here, so it does not warn while guessing."""
-    import torch
-
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
-
-
-# ---------------------------------------------------------------------------------------------- the guide
-def decision_rows(pairs: dict, gpu: list[dict]) -> list[dict]:
-    """The chapter's decision guide: each choice with the measured number behind it (these runs, results/gpu)."""
-    held_by = {(r["row"], r["engine"]): r for r in held_rows(pairs)}
-    moved = {(r["row"], r["engine"]): r for r in comm_rows(pairs)}
-    fsdp_a, zero3_a = (next(r for r in gpu if r["case"] == case and r["run"].endswith("a_zero3_2xh200"))
-                       for case in ("labs-fsdp2", "labs-zero3"))
-    full = [held_by[("full shard", e)]["bytes_per_param"] for e in ENGINES]
-    ranks = pairs["full shard"]["fsdp2"].spec["nproc"]
-    reduce = [moved[("full shard", e)]["reduce_scatter_per_param"] for e in ENGINES]
-    hybrid = [held_by[("hybrid", e)]["bytes_per_param"] for e in ENGINES]
-    files = checkpoint_files(pairs["full shard"]["fsdp2"])
-    return [
-        dict(if_="the sharded model states fit either way", choose="either (FSDP2: PyTorch alone, no extra package)",
-             because=f"same bytes of model state: {full[0]:.2f} (FSDP2) and {full[1]:.2f} (ZeRO-3) per parameter per "
-                     f"rank on {ranks} ranks, same losses to bf16 rounding"),
-        dict(if_="GPU speed and peak memory matter most", choose="FSDP2",
-             because=f"H200 run a, same levers: "
-                     f"{fsdp_a['tokens_per_s_per_gpu'] / zero3_a['tokens_per_s_per_gpu']:.2f}x the tokens/s, "
-                     f"peak {fsdp_a['peak_gib']:.1f} GiB against {zero3_a['peak_gib']:.1f} GiB"),
-        dict(if_="gradient traffic is the bottleneck (slow links)",
-             choose="DeepSpeed bf16, or FSDP2 with reduce_dtype bf16",
-             because=f"FSDP2 reduce-scatters {reduce[0]:.1f} bytes per parameter per step (fp32), DeepSpeed "
-                     f"{reduce[1]:.1f} (bf16)"),
-        dict(if_="only the optimizer may leave the GPU, or the states exceed host memory", choose="DeepSpeed offload",
-             because="FSDP2 offloads all model states to the CPU or nothing; no optimizer-only or NVMe offload"),
-        dict(if_="several nodes, slow links between them", choose="FSDP2 with replicas = nodes (HYBRID_SHARD)",
-             because=f"collectives stay in a replica but one gradient all-reduce; per rank it holds {hybrid[0]:.2f} "
-                     f"bytes per parameter (4 ranks, 2 replicas), hpZ {hybrid[1]:.2f} but reduce-scatters over all "
-                     "ranks; DeepSpeed 0.19 removed MiCS"),
-        dict(if_="checkpoints must reload on another number of ranks", choose="FSDP2 (DCP)",
-             because=f"DCP wrote {len(files) - 1} shard files and an index (.metadata) of every slice, and reshards "
-                     "on load; DeepSpeed converts offline first (ds_to_universal, zero_to_fp32)"),
-    ]

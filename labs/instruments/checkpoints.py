@@ -71,6 +71,7 @@ def _fsdp2(engine, folder: Path) -> dict:
     dist.barrier()
     first = next(key for key in model if key.endswith(SAMPLES[0]))
     return dict(format="dcp", rank=dist.get_rank(), model_keys=len(model), files=_files(folder),
+                file_contents=_dcp_contents(folder, dist.get_rank()),
                 samples=[dict(name=k, **describe(v)) for k, v in model.items() if k.endswith(SAMPLES)],
                 optimizer_keys=sorted(optimizer), optimizer_state_of=first,
                 optimizer_state={k: describe(v) for k, v in optimizer["state"][first].items()},
@@ -89,8 +90,10 @@ def _deepspeed(engine, folder: Path) -> dict:
         model_file = sorted((folder / "final").glob("*model_states.pt"))[0]
         states = torch.load(model_file, map_location="cpu", weights_only=False)
         optim_file = next((folder / "final").glob("*zero_pp_rank_0_*optim_states.pt"))
-        optim = torch.load(optim_file, map_location="cpu", weights_only=False)["optimizer_state_dict"]
-        found.update(model_file=model_file.name, model_file_keys=sorted(states),
+        saved = torch.load(optim_file, map_location="cpu", weights_only=False)
+        optim = saved["optimizer_state_dict"]
+        found.update(file_contents=_tensor_contents(saved),
+                     model_file=model_file.name, model_file_keys=sorted(states),
                      samples=[dict(name=k, **describe(v)) for k, v in states["module"].items() if k.endswith(SAMPLES)],
                      optimizer_file=optim_file.name, optimizer_keys=sorted(optim),
                      optimizer_flat=[describe(t) for t in _flat_groups(optim)])
@@ -107,6 +110,31 @@ def _flat_groups(optim: dict) -> list:
         if key in optim:
             return list(optim[key])
     return []
+
+
+def _dcp_contents(folder: Path, rank: int) -> dict:
+    """Bytes this rank's .distcp file holds per saved entry, read from DCP's own index (.metadata lists where each
+    slice of each tensor lies): {"model.<name>": bytes, "optimizer.state.<name>.exp_avg": bytes, ...}."""
+    import torch.distributed.checkpoint as dcp
+
+    found = {}
+    for index, where in dcp.FileSystemReader(str(folder)).read_metadata().storage_data.items():
+        if where.relative_path == f"__{rank}_0.distcp":
+            found[index.fqn] = found.get(index.fqn, 0) + where.length
+    return found
+
+
+def _tensor_contents(saved, prefix="") -> dict:
+    """Bytes of every tensor in a loaded DeepSpeed file, by key path ("optimizer_state_dict.fp32_flat_groups.0",
+    ...): the elements' bytes, and the bytes of the storage torch.save writes for it when a view shares a larger one."""
+    if isinstance(saved, torch.Tensor):
+        return {prefix: dict(bytes=saved.numel() * saved.element_size(),
+                             storage_bytes=saved.untyped_storage().nbytes())}
+    items = saved.items() if isinstance(saved, dict) else enumerate(saved) if isinstance(saved, (list, tuple)) else ()
+    found = {}
+    for key, value in items:
+        found.update(_tensor_contents(value, f"{prefix}.{key}" if prefix else str(key)))
+    return found
 
 
 def _files(folder: Path) -> list[dict]:
