@@ -18,6 +18,28 @@ def test_paper_volumes():
         comm.paper_volume_elements(4, 10)
 
 
+def test_zero3_reuse_model_on_a_trace():
+    """The reuse rule on Qwen2.5-7B's trace (untied): at distance 0 every partitioned parameter is gathered in forward
+    and again in backward; at the default 1e9 only the output head, whose backward follows its forward at once,
+    stays; a distance larger than the whole step keeps everything. Persistent tensors count once (re-gathered
+    after the optimizer step)."""
+    from labs import models
+    from labs.memory import layout
+
+    dims = models.shape("qwen2.5-7b")
+    sizes = [n for _, n in layout.param_layout(dims)]
+    threshold = 10 * dims["hidden_size"]
+    persistent = sum(n for n in sizes if n <= threshold)
+    partitioned = sum(sizes) - persistent
+    head = models.param_counts(dims)["lm_head"]
+    assert comm.zero3_gathered_elements(dims, 0, threshold) == 2 * partitioned + persistent
+    assert comm.zero3_gathered_elements(dims, 1e9, threshold) == 2 * partitioned - head + persistent
+    assert comm.zero3_gathered_elements(dims, 1e12, threshold) == partitioned + persistent
+    trace = comm.zero3_module_trace(models.shape("tiny"))
+    uses = [name for module in trace for name, _ in module].count("model.embed_tokens.weight")
+    assert uses == 4 and trace == trace[::-1]          # tied: input embedding and head, forward and backward
+
+
 def test_per_step_means_skip_the_first_step():
     records = [{"step": 1, "comm": {"all_gather": {"calls": 9, "bytes": 400}}},
                {"step": 2, "comm": {"all_gather": {"calls": 2, "bytes": 100}}},

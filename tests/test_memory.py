@@ -201,3 +201,31 @@ def test_cli_bad_input_is_one_line_exit_2(args, message, capsys):
     lines = captured.err.strip().splitlines()
     assert code == 2 and len(lines) == 1 and lines[0].startswith("labs: error: ") and message in lines[0], captured.err
     assert captured.out == ""
+
+
+def test_offloaded_optimizer_host_bytes_follow_deepspeeds_allocations():
+    """Per partitioned parameter on the host: fp32 master 4 + Adam 8 + fp32 gradient 4 + a bf16 partition 2 (ZeRO-1/2:
+    the updated weights on their way back; ZeRO-3: the gradient partition) = 18 at every stage; ZeRO-1/2 also stage
+    each gradient through a host buffer and a GPU buffer of the largest parameter, per rank."""
+    for stage in (1, 2, 3):
+        est = memory.estimate(params=1e9, stage=stage, gpus_per_node=4, offload_optimizer="cpu")
+        assert est.host_per_node_bytes == pytest.approx(18e9, rel=1e-6), stage
+    largest = max(n for _, n in memory.layout.param_layout(models.shape("qwen2.5-7b")))
+    gpus = 8
+    zero2 = memory.estimate("qwen2.5-7b", stage=2, gpus_per_node=gpus, offload_optimizer="cpu")
+    assert zero2.host_per_node_bytes == pytest.approx(18 * zero2.params + gpus * 2 * largest, rel=1e-6)
+    assert all(zero2.phases[p]["buffers"] >= 2 * largest for p in ("loss_backward", "optimizer_step"))
+
+
+def test_nvme_offload_swaps_the_optimizer_side_to_the_drive():
+    """ZeRO-Infinity swaps the fp32 master, Adam's moments and the fp32 gradients (16 bytes per parameter) and, with
+    offload_param, the bf16 parameters (2) to NVMe. The host keeps the bf16 gradient partition (2), one sub-group's
+    fp32 gradient buffer and 4 swap buffers of a sub-group (1e9 elements each), and 5 parameter swap buffers of 1e8."""
+    from labs.errors import LabsError
+
+    psi = 70e9
+    est = memory.estimate(params=psi, stage=3, gpus_per_node=1, offload_optimizer="nvme", offload_param="nvme")
+    assert est.nvme_per_node_bytes == 18 * psi
+    assert est.host_per_node_bytes == 2 * psi + 5 * 4 * 1e9 + 5 * 2 * 1e8
+    with pytest.raises(LabsError, match="needs ZeRO stage 3"):
+        memory.estimate(params=7e9, stage=2, offload_optimizer="nvme")

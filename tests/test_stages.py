@@ -2,7 +2,9 @@
 rank loop's counters and probes must report what each stage holds and moves."""
 import pytest
 
+from labs import models, resolve
 from labs.course import stages
+from labs.instruments import comm
 
 STEPS = 6
 
@@ -40,3 +42,26 @@ def test_bytes_held_per_rank(stage_runs):
     assert buffers["gathered_peak_elements"] == 9_822_784 - 576   # the whole partitioned model, at peak
     assert buffers["bucket_bytes"] == 64 * 64 * 4                 # one reduce bucket of hidden^2 fp32 elements
     assert stage_runs[0].summary["zero_buffers"][0]["step_optimizer"] == "AdamW"
+
+
+@pytest.fixture(scope="module")
+def released_run(tmp_path_factory):
+    """ZeRO-3 releasing every parameter after each use (reuse distance 0) and prefetching nothing."""
+    z = "zero_optimization."
+    variants = {"reuse_0_prefetch_0": ("zero3.json", {z + "stage3_max_reuse_distance": 0,
+                                                      z + "stage3_prefetch_bucket_size": 0})}
+    return stages.run_variants(tmp_path_factory.mktemp("variants"), variants, steps=3,
+                               instruments=("comm",))["reuse_0_prefetch_0"]
+
+
+def test_zero3_gathers_match_the_reuse_distance_model(stage_runs, released_run):
+    """labs.instruments.comm.zero3_gathered_elements against the all-gathered bytes counted per step: the file's
+    reuse distance keeps every parameter from forward to backward (one gather each); distance 0 gathers the tied
+    embedding at each of its four uses and every other partitioned parameter twice."""
+    dims = models.shape("tiny")
+    for run, gathers in ((stage_runs[3], 1.0), (released_run, 3.98)):
+        knobs = resolve.zero_knobs(run.ds_config)
+        predicted = comm.zero3_gathered_elements(dims, knobs["stage3_max_reuse_distance"],
+                                                 knobs["stage3_param_persistence_threshold"])
+        measured = comm.per_step(run.metrics)["all_gather"]["bytes"]
+        assert measured == 4 * predicted and round(predicted / run.summary["params"], 2) == gathers

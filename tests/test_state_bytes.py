@@ -71,3 +71,23 @@ def test_what_each_stage_partitions(stage_runs):
         assert first[stage]["optimizer_bytes"] == pytest.approx(6 * params, abs=1000)
         assert first[stage]["params_bytes"] == 2 * params
     assert first[3]["params_bytes"] == pytest.approx(params, rel=0.01)
+
+
+@pytest.fixture(scope="module")
+def offload_run(tmp_path_factory):
+    """ZeRO-2 with the optimizer offloaded (DeepSpeedCPUAdam), as chapter 3 runs it: bf16, 2 steps."""
+    return stages.run_configs(tmp_path_factory.mktemp("offload"), {"zero2_offload": "zero2_offload_optimizer.json"},
+                              steps=2, instruments=("state_bytes",))["zero2_offload"]
+
+
+def test_zero2_offload_host_bytes_match_labs_memory(offload_run):
+    """The host side of ZeRO-2 + optimizer offload, found by name on every rank (fp32 master, Adam's moments, the
+    fp32 gradient partition, the bf16 buffer for the updated weights, the host staging buffer), against
+    labs.memory's host_per_node_bytes for the same run: byte for byte."""
+    from labs.course import offload
+
+    rows = offload.host_rows({"zero2_offload": offload_run})
+    assert len(rows) == 1 and rows[0]["ranks"] == 2
+    assert rows[0]["measured_bytes"] == rows[0]["predicted_bytes"], rows
+    found = {t["what"] for s in offload_run.summary["state_bytes"] for t in s["largest"]}
+    assert {"param_buffer_of_bit16_for_cpu_offload_groups[0]", "temp_grad_buffer_for_cpu_offload"} <= found

@@ -1,7 +1,11 @@
-"""ZeRO-Offload seen from the host: where a run's tensors live (accelerator or host memory), how fast
-DeepSpeed's CPU Adam steps with a given number of threads, and whether NVMe offload can run here.
+"""ZeRO-Offload seen from the host: which of a run's tensors an offloaded optimizer keeps in host memory (against
+labs.memory), what a recorded GPU run's offloaded step cost, the offload scenarios, what each launcher sets
+OMP_NUM_THREADS to, how fast DeepSpeed's CPU Adam steps with a given number of threads, and whether NVMe offload
+can run here.
 
-    offload.placement_rows({"zero3": run, ...})        # bytes per category on the device and on the host
+    offload.host_rows({"zero3_offload_optimizer": run, ...})   # host bytes measured (by name) and predicted
+    offload.recorded_offload_step(row)                  # a labs.bench.results row read within itself
+    offload.launcher_threads()                          # {"torchrun, 2 processes": ["1"], ...}
     offload.cpu_adam_step_seconds(threads=1)            # one CPU Adam step over 20 M fp32 parameters
     offload.nvme_ready()                                # (False, "no GPU here ...")
 
@@ -17,22 +21,59 @@ import subprocess
 import sys
 import time
 
+from labs import config as config_lib
 from labs import memory
 from labs.env import repaired_environment
 from labs.resolve import OFFLOAD_LEVELS
 
 
-def placement_rows(runs: dict, rank=0) -> list[dict]:
-    """Per run and category (the state_bytes instrument, after the last backward): bytes in accelerator memory and in host
-    memory on one rank. On a machine without a GPU the accelerator is the CPU: everything is host memory."""
+# The tensors DeepSpeed 0.19.8 allocates in host memory when the optimizer is offloaded to the CPU, as the
+# state_bytes instrument names them (stage_1_and_2.py, stage3.py: every one is created on `self.device`, which is
+# "cpu" under offload): CPU Adam's fp32 gradient partition, ZeRO-1/2's bf16 buffer for the updated weights and
+# host staging buffer, ZeRO-3's bf16 gradient partition. Everything in the optimizer category (fp32 master, Adam's
+# moments) is there too. On a GPU host the instrument also sees the device of each; on a CPU only the names tell.
+HOST_SIDE = ("optimizer master[i].grad", "fp32_partitioned_groups_flat[i].grad",
+             "param_buffer_of_bit16_for_cpu_offload_groups[i]", "temp_grad_buffer_for_cpu_offload",
+             "grad_partitions_flat_buffer")
+
+
+def host_side_bytes(state: dict, offload_param=False) -> int:
+    """Bytes of one rank's tensors that an offloaded optimizer (and, with offload_param, the parameter partitions)
+    keeps in host memory, from a state_bytes record: found by name, so also on a machine without a GPU."""
+    named = sum(t["bytes"] for t in state["largest"] if re.sub(r"\[\d+\]", "[i]", t["what"]) in HOST_SIDE)
+    return state["optimizer_bytes"] + named + (state["params_bytes"] if offload_param else 0)
+
+
+def host_rows(runs: dict) -> list[dict]:
+    """Per offloaded run: host bytes of the node measured (host_side_bytes, summed over the ranks) and predicted by
+    labs.memory for the same run."""
     rows = []
     for name, run in runs.items():
-        state = run.summary["state_bytes"][rank]
-        for category in ("params", "grads", "optimizer"):
-            by_device = state["by_device"][category]
-            rows.append(dict(run=name, category=category, host_bytes=by_device.get("cpu", 0),
-                             device_bytes=sum(b for d, b in by_device.items() if d != "cpu")))
+        offloads = config_lib.offloads(run.ds_config)
+        if not offloads["optimizer"]:
+            continue
+        measured = sum(host_side_bytes(s, bool(offloads["param"])) for s in run.summary["state_bytes"])
+        predicted = memory.from_run(run).host_per_node_bytes
+        rows.append(dict(run=name, ranks=len(run.summary["state_bytes"]), measured_bytes=measured,
+                         predicted_bytes=predicted, ratio=measured / predicted,
+                         per_param=measured / run.summary["params"]))
     return rows
+
+
+def recorded_offload_step(row: dict) -> dict:
+    """A recorded GPU case with optimizer offload (labs.bench.results row) read within itself, like for like: the
+    GPU part of its step (forward + backward, DeepSpeed's timers), the CPU optimizer step, their ratio to the whole
+    step; labs.memory's peak for the same run with the offload and without it, and whether that one fits the GPU."""
+    gpu_part = (row["fwd_ms"] + row["bwd_ms"]) / 1000
+    kwargs = dict(gpus_per_node=row["gpus"], seq_len=row["seq_len"], loss=row["loss"], kernels=row["kernels"],
+                  activation_checkpointing=row["checkpointing"], ds_config=row["ds_config"], engine=row["engine"],
+                  micro_batch=row["micro_batch"], grad_accum=row["grad_accum"])
+    without = memory.estimate(row["preset"], offload_optimizer="none", offload_param="none", **kwargs)
+    return dict(gpu_part_s=gpu_part, optimizer_s=row["step_ms"] / 1000, step_s=row["step_s"],
+                step_over_gpu_part=row["step_s"] / gpu_part,
+                predicted_peak_gib=memory.estimate(row["preset"], **kwargs).total_per_gpu_bytes / 2**30,
+                predicted_without_gib=without.total_per_gpu_bytes / 2**30,
+                fits_without=without.fits(memory.GPUS[row["gpu"].removeprefix("NVIDIA ")]))
 
 
 def scenario_rows(preset: str, gpus: int, gpu: str, stage=3, **options) -> list[dict]:

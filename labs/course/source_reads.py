@@ -14,7 +14,7 @@ CH1, CH2, CH3, CH4, CH5 = ("01_memory_math", "02_zero_stages", "03_offload", "04
 CH6, CH7, CH8, CH9 = "06_multi_node", "07_fsdp", "08_trainer_and_accelerate", "09_qwen7b_on_gpu"
 SUMS = "The tutorials' 7B sums, recomputed"       # chapter 1's table of both tutorials' 7B sums
 SUMS_TUTORIAL = {"000": "Qwen-7B guide", "001": "DeepSpeed chapter"}   # how that table names them
-SCENARIOS = "The seeds' scenarios, recomputed"   # chapter 3's 24 GB scenarios
+SCENARIOS = "The seed tutorials' scenarios, recomputed"   # chapter 3's 24 GB scenarios
 SNIPPETS = "The source tutorials' snippets, graded"
 STAGES_RUN_A = "ZeRO-1, ZeRO-2, ZeRO-3 and FSDP2 with the same levers (run a)"
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import torch
+
 from labs import CONFIGS, launch, memory
 from labs import config as config_lib
 from labs.instruments import comm
@@ -52,6 +54,16 @@ def _launch(out, config, steps, precision, label, options):
     run = launch.run(config=config, steps=steps, out=out, precision=precision, stream=False, **options)
     print(f"done on {run.spec['nproc']} ranks in {time.perf_counter() - start:.0f} s", flush=True)
     return run
+
+
+def ranks_line(nproc: int) -> str:
+    """Where the chapters' launches run, in one line: on a GPU host, what differs from the outputs stored in the
+    notebooks (which come from 2 CPU ranks)."""
+    if not torch.cuda.is_available():
+        return f"{nproc} CPU ranks (gloo, DeepSpeed's cpu accelerator): the setting of the outputs stored here"
+    return (f"{nproc} of this host's {torch.cuda.device_count()} GPUs (NCCL; {nproc} needed): the bytes held and "
+            "moved follow the same rules, but the resolved configs lose torch_adam (DeepSpeed's fused Adam steps "
+            "instead), offloaded tensors show up on cuda and cpu, and losses, timings and NVMe checks are this host's")
 
 
 # ---------------------------------------------------------------------------------------------- the math

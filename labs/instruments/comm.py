@@ -25,6 +25,7 @@ import threading
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
+from labs.memory import layout as zero_layout
 from labs.train import Instrument
 
 # torch.distributed function -> (the kind it is counted as, how to find its full payload in its arguments).
@@ -189,3 +190,46 @@ def per_step(records: list[dict], skip: int = 1) -> dict:
                                                                     for e in c.values()) else ())
     return {kind: {field: sum(c.get(kind, {}).get(field, 0) for c in kept) / len(kept) for field in fields}
             for kind in kinds}
+
+
+# ---------------------------------------------------------------------------------------------- ZeRO-3's gathers
+def zero3_module_trace(dims: dict) -> list[list[tuple[str, int]]]:
+    """The modules of a Qwen2 model that own parameters, in the order forward calls them and then backward (the
+    reverse): DeepSpeed's ZeRO-3 trace of one step. Each module is its list of (parameter, elements); the tied
+    head uses the embedding's parameter."""
+    sizes = dict(zero_layout.param_layout(dims))
+    forward = [["model.embed_tokens.weight"]]
+    for i in range(dims["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        attention = [[p + f"self_attn.{x}_proj.weight", p + f"self_attn.{x}_proj.bias"] for x in "qkv"]
+        forward += [[p + "input_layernorm.weight"], *attention, [p + "self_attn.o_proj.weight"],
+                    [p + "post_attention_layernorm.weight"], [p + "mlp.gate_proj.weight"], [p + "mlp.up_proj.weight"],
+                    [p + "mlp.down_proj.weight"]]
+    forward += [["model.norm.weight"], ["model.embed_tokens.weight" if dims["tie_word_embeddings"] else "lm_head.weight"]]
+    return [[(name, sizes[name]) for name in module] for module in forward + forward[::-1]]
+
+
+def zero3_gathered_elements(dims: dict, reuse_distance: float, persistence_threshold: float) -> int:
+    """Elements a ZeRO-3 rank all-gathers per step once DeepSpeed knows its trace, prefetching left out. A module's
+    parameters are gathered when it runs unless still there; after it runs they are released unless a module
+    within `reuse_distance` elements further down the trace uses them again (DeepSpeed 0.19's
+    `PartitionedParameterCoordinator.__params_to_release`). Parameters of at most `persistence_threshold` elements
+    are never released, but re-gathered once after every optimizer step (stage3.py `_post_step`). Chapter 2 checks
+    this against the counted collectives of real runs."""
+    trace = zero3_module_trace(dims)
+    persistent = {name: n for module in trace for name, n in module if n <= persistence_threshold}
+    available, gathered = set(), 0
+    for i, module in enumerate(trace):
+        for name, numel in module:
+            if name not in persistent and name not in available:
+                available.add(name)
+                gathered += numel
+        used_again, traversed = set(), 0
+        for later in trace[i + 1:]:
+            if traversed >= reuse_distance:
+                break
+            for name, numel in later:
+                used_again.add(name)
+                traversed += numel
+        available -= {name for name, _ in module} - used_again
+    return gathered + sum(persistent.values())

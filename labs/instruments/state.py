@@ -62,7 +62,7 @@ def engine_state_bytes(engine) -> dict:
     stage = getattr(engine, "zero_optimization_stage", lambda: None)()
     result = dict(rank=rank, world_size=world, zero_stage=stage,
                   optimizer_class=type(wrapper).__name__, moment=MOMENT, by_device=ledger.by_device(),
-                  largest=ledger.largest(8))
+                  largest=ledger.largest(12))
     for category in CATEGORIES:
         result[f"{category}_bytes"] = sum(result["by_device"][category].values())
     result["total_bytes"] = sum(result[f"{c}_bytes"] for c in CATEGORIES)

@@ -114,6 +114,8 @@ def estimate(preset=None, *, params=None, dims=None, stage=None, gpus_per_node=1
         raise LabsError(f"offload_param needs ZeRO stage 3 (got stage {stage}); offload the optimizer instead")
     if offload_optimizer and stage == 0:
         raise LabsError("offload_optimizer needs ZeRO stage 1, 2 or 3 (got stage 0)")
+    if offload_optimizer == "nvme" and stage != 3:      # DeepSpeed 0.19's ZeRO-1/2 offload only to the CPU
+        raise LabsError(f"offload_optimizer \"nvme\" needs ZeRO stage 3 (got stage {stage}); use \"cpu\"")
     knobs = resolve.zero_knobs(resolved)
     inputs.update(stage=stage, precision=precision, micro_batch=micro_batch, grad_accum=grad_accum, seq_len=seq_len,
                   offload_optimizer=offload_optimizer, offload_param=offload_param)

@@ -26,13 +26,13 @@ def deepspeed(params, layout, dims, stage, world, d, mixed, state_bytes, offload
     """Returns (phases, resident_per_rank, host_bytes_per_rank, nvme_bytes_per_rank)."""
     # ---- what each rank holds for good once the first step has run
     master = 4 if (mixed or stage >= 1) else 0                 # fp32 ZeRO-1/2/3 still clone an fp32 partition
-    bucket = d * knobs["reduce_bucket_size"]
+    bucket = reduce_bucket_bytes(knobs, d, stage=3)            # ZeRO-3's one contiguous gradient bucket
     if stage == 3:
         z3 = zero_layout.zero3_partition(layout, world, knobs["stage3_param_persistence_threshold"],
                                     knobs["sub_group_size"])
         partition = z3["partition"]
         params_rank = d * (partition + z3["persistent"])       # ds_tensor partitions + small params kept whole
-        grads_rank = [d * partition + (bucket if knobs["contiguous_gradients"] else 0)] * world
+        grads_rank = [d * partition + bucket] * world
     elif stage in (1, 2):
         partition = -(-params // (2 * world)) * 2              # slice of the flat buffer (padded to 2 x world)
         params_rank = d * partition * world
@@ -49,14 +49,8 @@ def deepspeed(params, layout, dims, stage, world, d, mixed, state_bytes, offload
     if offload_param:
         params_gpu = d * z3["persistent"]
     optimizer_gpu = 0 if offload_optimizer else optimizer_rank
-    host = nvme = 0
-    if offload_optimizer:                                      # CPU Adam: master, states and fp32 grads on the host
-        z3_grads = d * partition if stage == 3 else 0          # ZeRO-3's flat grad buffer lives there too
-        if offload_optimizer == "nvme":
-            nvme += optimizer_rank
-            host += 4 * partition + z3_grads
-        else:
-            host += optimizer_rank + 4 * partition + z3_grads
+    host, nvme, staging_gpu = _offloaded_optimizer(layout, dims, stage, d, partition, optimizer_rank,
+                                                   offload_optimizer, z3 if stage == 3 else None, knobs)
     if offload_param:
         if offload_param == "nvme":
             nvme += params_rank
@@ -69,7 +63,7 @@ def deepspeed(params, layout, dims, stage, world, d, mixed, state_bytes, offload
     # ---- gradients on this GPU at each moment
     grads_kept = grads_rank[worst]
     if stage == 3:
-        kept_on_gpu = (bucket if knobs["contiguous_gradients"] else 0) if offload_optimizer else grads_kept
+        kept_on_gpu = bucket if offload_optimizer else grads_kept
         grads = dict(loss=kept_on_gpu, layer=kept_on_gpu, end=kept_on_gpu, step=kept_on_gpu)
     elif stage == 2:
         kept_on_gpu = 0 if offload_optimizer else grads_kept
@@ -105,23 +99,51 @@ def deepspeed(params, layout, dims, stage, world, d, mixed, state_bytes, offload
     phases = {
         "init": dict(params=params_gpu, optimizer=0, grads=0, activations=0,
                      buffers=d * params if stage in (1, 2) else 2 * d * params if stage == 0 else 0),
-        "loss_backward": dict(base, grads=grads["loss"], activations=saved + loss, buffers=gathered_head),
+        "loss_backward": dict(base, grads=grads["loss"], activations=saved + loss, buffers=staging_gpu + gathered_head),
         "layer_backward": dict(base, grads=grads["layer"], activations=acts["saved"] + recompute + acts["temporaries"],
-                               buffers=reduce_buckets + gathered_layer),
+                               buffers=staging_gpu + reduce_buckets + gathered_layer),
         "backward_end": dict(base, grads=grads["end"], activations=0,
-                             buffers=reduce_buckets + allreduce_bucket + gathered_embedding),
-        "optimizer_step": dict(base, grads=grads["step"], activations=0, buffers=step_copies),
+                             buffers=staging_gpu + reduce_buckets + allreduce_bucket + gathered_embedding),
+        "optimizer_step": dict(base, grads=grads["step"], activations=0, buffers=staging_gpu + step_copies),
     }
     return phases, resident, host, nvme
 
 
-def reduce_bucket_bytes(knobs: dict, dtype_bytes: int) -> int:
-    """ZeRO-1/2's contiguous gradient buckets during backward: one of reduce_bucket_size elements, a second with
-    overlap_comm (one fills while the other reduces), none without contiguous_gradients (chapter 2 measures all
-    three cases on a live engine)."""
+def reduce_bucket_bytes(knobs: dict, dtype_bytes: int, stage: int = 2) -> int:
+    """The contiguous gradient buckets during backward. ZeRO-1/2: one of reduce_bucket_size elements, a second
+    with overlap_comm (one fills while the other reduces), none without contiguous_gradients (chapter 2 measures
+    all three cases on a live engine). ZeRO-3 allocates one bucket whatever overlap_comm says (stage3.py,
+    `ipg_buckets`), also none without contiguous_gradients."""
     if not knobs["contiguous_gradients"]:
         return 0
-    return int((2 if knobs["overlap_comm"] else 1) * knobs["reduce_bucket_size"] * dtype_bytes)
+    copies = 2 if knobs["overlap_comm"] and stage in (1, 2) else 1
+    return int(copies * knobs["reduce_bucket_size"] * dtype_bytes)
+
+
+# DeepSpeed 0.19's default offload_optimizer.buffer_count: pinned swap buffers of one sub-group's fp32 tensors
+NVME_OPTIMIZER_BUFFERS = 4
+
+
+def _offloaded_optimizer(layout, dims, stage, d, partition, optimizer_rank, offload_optimizer, z3, knobs):
+    """Bytes per rank that an offloaded optimizer puts on the host and on NVMe, and the staging buffer it keeps on
+    the GPU: (host, nvme, staging_gpu). From DeepSpeed 0.19.8's allocations:
+    - CPU Adam steps the fp32 master partition and its states (optimizer_rank) with an fp32 gradient partition (4
+      bytes per partitioned parameter), all pinned host memory.
+    - A d-byte partition on the host too: ZeRO-1/2's `param_buffer_of_bit16_for_cpu_offload_groups` (the updated
+      bf16 weights on their way back; stage_1_and_2.py), ZeRO-3's `grad_partitions_flat_buffer` (stage3.py).
+    - ZeRO-1/2 stage each gradient through `temp_grad_buffer_for_cpu_offload` (host) and `..._for_gpu_offload`
+      (GPU), each the size of the largest parameter (unknown, so 0, with only a parameter count).
+    - NVMe at ZeRO-3 (ZeRO-Infinity) swaps the master, the states and the fp32 gradients to the drive; the host
+      keeps the bf16 gradient partition, one sub-group's fp32 gradient buffer and the swap buffers (each one
+      sub-group of fp32; with only a parameter count, a sub-group is sub_group_size elements)."""
+    if not offload_optimizer:
+        return 0, 0, 0
+    staging = d * max(n for _, n in layout) if dims and stage in (1, 2) else 0
+    if offload_optimizer == "nvme" and stage == 3:
+        sub_group = z3["largest_sub_group"] if dims else min(partition, knobs["sub_group_size"])
+        host = d * partition + 4 * sub_group * (1 + NVME_OPTIMIZER_BUFFERS)
+        return host, optimizer_rank + 4 * partition, 0
+    return optimizer_rank + (4 + d) * partition + staging, 0, staging
 
 
 def fsdp2(params, layout, dims, stage, world, d, mixed, state_bytes, offload_optimizer, offload_param, knobs, acts,

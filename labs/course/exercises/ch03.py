@@ -1,25 +1,30 @@
-"""Chapter 03 (offload): exercises. Expected answers come from labs.memory and labs.env."""
+"""Chapter 03 (offload): exercises. Each asks for what the chapter has not printed. Expected answers come from
+labs.memory (checked against the chapter's runs: tests/test_state_bytes.py) and from run b's recorded timers."""
 from __future__ import annotations
 
 from labs import memory, resolve
+from labs.bench import results
 from labs.course.exercises.registry import exercise
-from labs.env import repaired_environment
+
+GiB = 2**30
 
 
-@exercise("03.1", "ZeRO-2 + optimizer offload of a bf16 model with Adam: bytes the host holds per parameter, "
-          "summed over ranks, staging buffers left out?", "bytes per parameter", rel=0,
-          hint="fp32 master weights, Adam's momentum and variance, and the fp32 gradient the CPU optimizer steps "
-               "with (ZeRO-3 adds its bf16 gradient partition)")
-def _host_bytes_per_param():
-    est = memory.estimate(params=1e9, stage=2, gpus_per_node=1, offload_optimizer="cpu")
-    return est.host_per_node_bytes / est.params
+@exercise("03.1", "Qwen2.5-7B in bf16 with ZeRO-2 and the optimizer offloaded (zero2_offload_optimizer.json) on one "
+          "node of 8 GPUs: how many GiB of host memory does the node need, staging buffers included?", "GiB",
+          rel=0.02, hint="per partitioned parameter: fp32 master 4 + Adam 8 + fp32 gradient 4 + the bf16 buffer for "
+                         "the updated weights 2; and per rank a host staging buffer as big as the largest parameter")
+def _zero2_offload_host():
+    return memory.estimate("qwen2.5-7b", stage=2, gpus_per_node=8, offload_optimizer="cpu").host_per_node_bytes / GiB
 
 
-@exercise("03.2", "A node with 64 cores runs 8 ranks with the optimizer offloaded, under torchrun: what "
-          "OMP_NUM_THREADS does labs give each rank?", "threads", rel=0,
-          hint="labs gives each rank its share of the cores")
-def _omp_threads(cores=64, ranks=8):
-    return int(repaired_environment(ranks, True, base={"OMP_NUM_THREADS": "1"}, cores=cores)[0]["OMP_NUM_THREADS"])
+@exercise("03.2", "Run b (ZeRO-3 + optimizer offload, 1 x H200): if gradient accumulation 4 "
+          "ran four micro-batches' forward and backward at run b's speed before one CPU optimizer step, how many "
+          "tokens/s would it train?", "tokens/s", rel=0.02,
+          hint="tokens per step x 4 / (4 x (forward + backward) + one optimizer step), with run b's timers")
+def _offload_with_accumulation(micro_batches=4):
+    run_b = results.find(results.rows(results.load_all()), "b_offload_1xh200", "stock-zero3-offload")
+    seconds = (micro_batches * (run_b["fwd_ms"] + run_b["bwd_ms"]) + run_b["step_ms"]) / 1000
+    return micro_batches * run_b["tokens_per_step"] / seconds
 
 
 def smallest_offload_that_fits(preset="qwen-7b", gpus=4, gpu="RTX3090", **options) -> str:
@@ -32,10 +37,10 @@ def smallest_offload_that_fits(preset="qwen-7b", gpus=4, gpu="RTX3090", **option
     return "does not fit"
 
 
-@exercise("03.3", "Qwen2.5-7B on ONE RTX 4090 (24 GB), ZeRO-3, bf16, micro-batch 1, sequence 2048, full activation "
-          "checkpointing: the least offloading that fits ('none', 'optimizer', 'optimizer+params' or 'does not "
-          "fit')?", "choice", hint="ask labs.memory.estimate(...).fits(memory.GPUS['RTX4090']) for each offload "
-                                   "setting, from none upwards")
+@exercise("03.3", "Qwen2.5-7B on ONE RTX 4090 (24 GB), ZeRO-3, bf16, micro-batch 1, sequence 4096 (twice the "
+          "chapter's), full activation checkpointing: the least offloading that fits? One of "
+          + ", ".join(f"'{name}'" for name in resolve.OFFLOAD_LEVELS) + " or 'does not fit'.", "choice",
+          hint="what grows with the sequence: activations and the stock loss's three fp32 [tokens, vocab] tensors")
 def _single_4090():
-    return smallest_offload_that_fits("qwen2.5-7b", gpus=1, gpu="RTX4090", micro_batch=1, seq_len=2048,
+    return smallest_offload_that_fits("qwen2.5-7b", gpus=1, gpu="RTX4090", micro_batch=1, seq_len=4096,
                                       activation_checkpointing="full")
