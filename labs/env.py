@@ -11,6 +11,8 @@ import sys
 
 import torch
 
+from labs import ROOT
+
 
 def repaired_environment(nproc: int, cpu_offload: bool, base: dict | None = None,
                          cores: int | None = None) -> tuple[dict, list[str]]:
@@ -41,6 +43,12 @@ def repaired_environment(nproc: int, cpu_offload: bool, base: dict | None = None
     env.setdefault("PYTHONWARNINGS", "ignore::FutureWarning")   # DeepSpeed calls deprecated torch.distributed APIs
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     return env, changes
+
+
+def importable_path(env: dict) -> str:
+    """PYTHONPATH for the processes labs starts: this checkout's labs first, then what `env` had (on a GPU host
+    that may be where DeepSpeed was installed), so they import the same labs whatever their working directory."""
+    return os.pathsep.join([str(ROOT), *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]])
 
 
 def usable_cores() -> int:

@@ -13,7 +13,6 @@ which folder each node writes.
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import sys
 import time
@@ -151,7 +150,7 @@ def run(stream=True, **kwargs) -> Run:
     out = Path(spec["out"])              # this node's folder (multinode.node_out)
     with runfolder.claim(out) as work:
         env, repairs = env_lib.repaired_environment(spec["nproc"], config_lib.offloads(resolved)["optimizer"] == "cpu")
-        env = _with_labs_importable(env)
+        env["PYTHONPATH"] = env_lib.importable_path(env)
         if spec.get("device") == "cpu":     # CPU ranks on a GPU host: they must not see the GPUs
             env.update(CUDA_VISIBLE_DEVICES="", DS_ACCELERATOR="cpu")
         command = launcher_command(spec["nproc"], work, kwargs.get("nodes"))
@@ -203,10 +202,3 @@ def launcher_command(nproc: int, run_dir: Path, nodes=None) -> list[str]:
         return multinode.torchrun_command(nodes, nproc, run_dir)
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
             "-m", "labs.rank", str(run_dir)]
-
-
-def _with_labs_importable(env: dict) -> dict:
-    """Ranks import `labs` from the same place as this process does, whatever their working directory."""
-    root = str(Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-    return env

@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from labs import ROOT
+from labs.env import importable_path
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # The settings worth knowing when ranks span nodes. (name, what it does, an example)
@@ -113,7 +113,7 @@ def _command(mode, timeout_s, folder):
 
 def _env(debug):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    env["PYTHONPATH"] = importable_path(env)
     if debug:
         env["TORCH_DISTRIBUTED_DEBUG"] = debug
     return env

@@ -21,9 +21,10 @@ import subprocess
 import sys
 import time
 
+from labs import ROOT
 from labs import config as config_lib
 from labs import memory
-from labs.env import repaired_environment
+from labs.env import importable_path, repaired_environment
 from labs.resolve import OFFLOAD_LEVELS
 
 
@@ -135,12 +136,11 @@ def launcher_threads(names=tuple(LAUNCHERS)) -> dict:
     probe, from an environment without OMP_NUM_THREADS (None: the launcher left it unset)."""
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
     env.update(DS_ACCELERATOR="cpu" if not _has_gpu() else env.get("DS_ACCELERATOR", "cuda"), PYTHONWARNINGS="ignore")
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    env["PYTHONPATH"] = importable_path(env)
     found = {}
     for name in names:
         result = subprocess.run([sys.executable, *LAUNCHERS[name]], env=env, capture_output=True, text=True,
-                                timeout=300, cwd=root)
+                                timeout=300, cwd=ROOT)
         lines = [json.loads(m) for m in re.findall(r"omp-probe (\{[^}]*\})", result.stdout + result.stderr)]
         if result.returncode != 0 or not lines:
             raise RuntimeError(f"{name} failed (exit {result.returncode}):\n{(result.stdout + result.stderr)[-2000:]}")

@@ -14,7 +14,6 @@ gets it as --num_processes, over the YAML's value). Bad input raises LabsError b
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 import socket
@@ -27,7 +26,7 @@ import yaml
 
 from labs import ROOT, launch, runfolder, supervisor
 from labs import config as config_lib
-from labs.env import repaired_environment
+from labs.env import importable_path, repaired_environment
 from labs.errors import LabsError, RankFailed, check_choice
 
 ROUTES = ("trainer", "accelerate")
@@ -187,12 +186,6 @@ def _accelerate_yaml(path) -> dict:
         config_lib.load(file)       # accelerate reads it with json: plain JSON, no comments
         result["deepspeed_file"] = str(file)
     return result
-
-
-def importable_path(env: dict) -> str:
-    """PYTHONPATH for the launched processes: this checkout's labs first, then what the environment had (on a GPU
-    host that may be where DeepSpeed was installed)."""
-    return os.pathsep.join([str(ROOT), *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]])
 
 
 def _free_port() -> int:

@@ -21,7 +21,7 @@ from unittest import mock
 
 import hjson
 
-from labs import ROOT
+from labs.env import importable_path
 
 # The tutorial's ZeRO-2 file (its section 2.1: "ZeRO-2, recommended for most fine-tuning with enough GPU memory").
 ZERO2_JSON = """{
@@ -212,7 +212,7 @@ def accelerate_launch(arguments: list[str], folder, timeout=120) -> tuple[int, s
     """`accelerate launch ARGUMENTS` run as written in `folder` (no default accelerate config: HF_HOME points into
     the folder); returns the exit code and the last line of its output."""
     env = dict(os.environ, HF_HOME=str(Path(folder) / "hf_home"), HF_HUB_OFFLINE="1")
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]])
+    env["PYTHONPATH"] = importable_path(env)
     if "DS_ACCELERATOR" not in env and not _cuda():
         env["DS_ACCELERATOR"] = "cpu"
     done = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", *arguments], cwd=folder, env=env,
