@@ -148,12 +148,14 @@ def run(stream=True, **kwargs) -> Run:
     spec, resolved = prepare(**kwargs)
     spec["progress"] = "bar" if sys.stdout.isatty() else "lines"
     out = Path(spec["out"])              # this node's folder (multinode.node_out)
+    nodes = kwargs.get("nodes")
+    cpu_offload = config_lib.offloads(resolved)["optimizer"] == "cpu"
     with runfolder.claim(out) as work:
-        env, repairs = env_lib.repaired_environment(spec["nproc"], config_lib.offloads(resolved)["optimizer"] == "cpu")
+        env, repairs = env_lib.repaired_environment(spec["nproc"], cpu_offload)
         env["PYTHONPATH"] = env_lib.importable_path(env)
         if spec.get("device") == "cpu":     # CPU ranks on a GPU host: they must not see the GPUs
             env.update(CUDA_VISIBLE_DEVICES="", DS_ACCELERATOR="cpu")
-        command = launcher_command(spec["nproc"], work, kwargs.get("nodes"))
+        command = launcher_command(spec["nproc"], work, nodes)
         (work / "run.json").write_text(json.dumps(spec, indent=1) + "\n")
         (work / "ds_config.json").write_text(json.dumps(resolved, indent=1) + "\n")
         (work / "command.txt").write_text(shlex.join(command) + "\n")
@@ -165,7 +167,7 @@ def run(stream=True, **kwargs) -> Run:
         for repair in repairs:
             print(f"labs: repaired {repair}", flush=True)
         optimizer = resolved.get("optimizer") or {}
-        building = env_lib.ops_to_build(spec.get("device") == "cuda", config_lib.offloads(resolved)["optimizer"] == "cpu",
+        building = env_lib.ops_to_build(spec.get("device") == "cuda", cpu_offload,
                                         fused_adam=spec["engine"] == "deepspeed" and bool(optimizer) and
                                         not (optimizer.get("params") or {}).get("torch_adam"))
         if building:
@@ -180,11 +182,12 @@ def run(stream=True, **kwargs) -> Run:
             stop.kept = resume_lib.keep_interrupted(work, out, str(stop) or "interrupted (Ctrl-C)")
             raise
         if code != 0:
-            unmet = rendezvous.rendezvous_failure((work / "launch.log").read_text(errors="replace"))
-            if unmet and kwargs.get("nodes") and not list(work.glob("rank*.err")):
-                raise LabsError(f"{unmet}; launcher exit code {code}, nothing kept")
+            if nodes:
+                unmet = rendezvous.rendezvous_failure((work / "launch.log").read_text(errors="replace"))
+                if unmet and not list(work.glob("rank*.err")):
+                    raise LabsError(f"{unmet}; launcher exit code {code}, nothing kept")
             first, _, trace = supervisor.failure_message(work, code, oom_before).partition("\n")
-            if kwargs.get("nodes"):
+            if nodes:
                 first += " (several nodes: a rank elsewhere may have failed first; see each node's output)"
             kept = resume_lib.keep_interrupted(work, out, first)
             raise RankFailed(f"{first}; {kept}\n{trace}".rstrip() if kept else f"{first}\n{trace}".rstrip())
