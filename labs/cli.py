@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from labs import multinode, resolve
+from labs import models, multinode, resolve
 from labs.errors import LabsError, RankFailed, RunStopped, positive_float, positive_int
 
 EXAMPLES = """examples:
@@ -47,7 +47,7 @@ def _train_args(sub):
     p = sub.add_parser("train", help="launch a training run and wait for it", epilog=TRAIN_EXAMPLES,
                        description="Train a Qwen2-architecture model with DeepSpeed ZeRO (or FSDP2) on this host.",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", default="tiny", help="tiny | qwen-7b | qwen2.5-7b (default: tiny)")
+    p.add_argument("--preset", default="tiny", help=f"{' | '.join(models.PRESETS)} (default: tiny)")
     p.add_argument("--config", default=resolve.DEFAULT_CONFIG,
                    help="DeepSpeed JSON config: a path, or a file name in the course's ds_configs/ "
                         f"(default: {resolve.DEFAULT_CONFIG})")

@@ -22,6 +22,11 @@ PRESETS: dict[str, dict] = {
     "qwen-7b": dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32,
                     intermediate_size=11008, vocab_size=151936, tie_word_embeddings=False,
                     max_position_embeddings=32768),
+    # Qwen2.5-3B: the size a 24 GB card can hold with offload; on one H200 its optimizer step on the CPU costs what a
+    # 7B's does per parameter, with host memory to spare (a 7B's offloaded state does not fit a 128 GiB host).
+    "qwen2.5-3b": dict(hidden_size=2048, num_hidden_layers=36, num_attention_heads=16, num_key_value_heads=2,
+                       intermediate_size=11008, vocab_size=151936, tie_word_embeddings=True,
+                       max_position_embeddings=32768),
     # Qwen2.5-7B: grouped-query attention (28 query heads share 4 key/value heads).
     "qwen2.5-7b": dict(hidden_size=3584, num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
                        intermediate_size=18944, vocab_size=152064, tie_word_embeddings=False,

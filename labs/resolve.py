@@ -22,6 +22,7 @@ from labs.errors import LabsError, check_choice
 # learning rate; a 7B model from random weights spikes at 3e-4 with a short warm-up, so it starts lower.
 RUN_DEFAULTS = {"tiny": dict(seq_len=64, micro_batch=2, grad_accum=1, lr=5e-3),
                 "qwen-7b": dict(seq_len=4096, micro_batch=2, grad_accum=1, lr=1e-4),
+                "qwen2.5-3b": dict(seq_len=4096, micro_batch=2, grad_accum=1, lr=1e-4),
                 "qwen2.5-7b": dict(seq_len=4096, micro_batch=2, grad_accum=1, lr=1e-4)}
 # A model given only by its parameter count (memory calculator) or dims.
 GENERIC_DEFAULTS = dict(seq_len=4096, micro_batch=2, grad_accum=1, lr=1e-4)

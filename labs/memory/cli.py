@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from labs import config
+from labs import config, models
 from labs.table import Table
 from labs.errors import LabsError, positive_int
 from labs.memory.accounting import OPTIMIZERS
@@ -18,7 +18,7 @@ from labs.memory.units import GB, GPUS, GiB
 
 def add_parser(sub):
     p = sub.add_parser("memory", help="predict memory per GPU and per host (and whether it fits)")
-    p.add_argument("--preset", help="tiny | qwen-7b | qwen2.5-7b")
+    p.add_argument("--preset", help=" | ".join(models.PRESETS))
     p.add_argument("--params", help="a parameter count instead of a preset, e.g. 7.5e9 (model states only)")
     p.add_argument("--stage", type=int, choices=(0, 1, 2, 3), help="ZeRO stage (default: the --config's, else 3)")
     p.add_argument("--gpus", type=positive_int, default=1, help="GPUs per node (default: 1)")
@@ -47,7 +47,7 @@ def add_parser(sub):
 
 def run(args) -> int:
     if (args.preset is None) == (args.params is None):
-        raise LabsError("give exactly one of --preset (tiny, qwen-7b, qwen2.5-7b) and --params (e.g. 7.5e9)")
+        raise LabsError(f"give exactly one of --preset ({', '.join(models.PRESETS)}) and --params (e.g. 7.5e9)")
     ds_config = config.load(args.config) if args.config else None
     checkpointing = args.activation_checkpointing
     est = estimate(args.preset, params=args.params, stage=args.stage, gpus_per_node=args.gpus, nodes=args.nodes,

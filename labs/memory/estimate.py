@@ -90,7 +90,7 @@ def estimate(preset=None, *, params=None, dims=None, stage=None, gpus_per_node=1
         layout = zero_layout.param_layout(dims)
         params = sum(n for _, n in layout)
     elif params is None:
-        raise LabsError("give a preset (tiny, qwen-7b, qwen2.5-7b), dims, or params (e.g. --params 7.5e9)")
+        raise LabsError(f"give a preset ({', '.join(models.PRESETS)}), dims, or params (e.g. --params 7.5e9)")
     else:
         params = _count(params)
         layout = [("all parameters", params)]

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# A GPU session as a queue of named jobs, for device calls of at most ~10 minutes each: every call runs
+#   bash tools/gpu_queue.sh JOBFILE SECONDS
+# which installs the carried wheels once per host, then runs the jobs of JOBFILE (lines "name|seconds|command")
+# not yet done on this host, in order, starting a job only when its estimate fits in what is left of SECONDS.
+# Each job's output goes to $OUT/NAME.log and its exit code to $OUT/NAME.rc; /tmp/gpu_queue.done remembers the
+# finished ones while the host stays warm, so the next call picks up where this one stopped.
+set -u
+JOBS=$1; LIMIT=${2:-540}; START=$(date +%s)
+export OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=9.0
+if [ ! -e /tmp/site/.installed ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || { echo "wheel install failed"; exit 3; }
+  touch /tmp/site/.installed
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpus.csv" 2>&1
+  free -g > "$OUT/host_memory.txt"; df -h /tmp > "$OUT/disk.txt"; nproc > "$OUT/nproc.txt"
+  # DeepSpeed builds FusedAdam and CPUAdam just in time (40-110 s each on a fresh host): start both in the background.
+  nohup python3 -c "from deepspeed.ops.op_builder import FusedAdamBuilder, CPUAdamBuilder
+FusedAdamBuilder().load(); CPUAdamBuilder().load(); print('ops built')" > "$OUT/opbuild.log" 2>&1 &
+fi
+touch /tmp/gpu_queue.done
+while IFS='|' read -r name estimate command; do
+  [ -z "$name" ] || [ "${name:0:1}" = "#" ] && continue
+  grep -qx "$name" /tmp/gpu_queue.done && continue
+  left=$(( LIMIT - ($(date +%s) - START) ))
+  if [ "$estimate" -gt "$left" ]; then echo "stop before $name: needs ~${estimate}s, ${left}s left"; break; fi
+  echo "=== $name ($(date -u +%H:%M:%S), ~${estimate}s)"
+  timeout $(( left - 5 )) bash -c "$command" > "$OUT/$name.log" 2>&1
+  rc=$?; echo $rc > "$OUT/$name.rc"; echo "$name" >> /tmp/gpu_queue.done
+  echo "    exit $rc after $(( $(date +%s) - START ))s"; grep -E "^done:|Error|error:|^labs:" "$OUT/$name.log" | tail -3
+done < "$JOBS"
+echo "queue call ended after $(( $(date +%s) - START ))s"
