@@ -30,7 +30,7 @@ SAME_WEIGHTS_TOLERANCE = 1e-5
 # Later steps also sum the bf16 gradients in another order (one rank instead of a reduce-scatter of two), and the
 # rounding differences feed the next steps: 1e-3 is under 1% of what the loss falls per step in these runs.
 RESHARD_TOLERANCE = 1e-3
-GPU_RESULTS = RESULTS / "gpu"
+GPU_RESULTS = RESULTS / "gpu" / "checkpoints"   # apart from the bench files that results.load_all reads
 
 
 def config_variant(base: str, changes: dict, path) -> Path:
@@ -119,7 +119,7 @@ def _folder_bytes(folder: Path) -> int:
 
 # ---------------------------------------------------------------------------------------------- GPU timing
 def gpu_results() -> list[dict]:
-    """Recorded save/resume timings (results/gpu/checkpoint_*.json), oldest first, each with its file name."""
+    """Recorded save/resume timings (results/gpu/checkpoints/), oldest first, each with its file name."""
     return [dict(json.loads(p.read_text()), file=str(p.relative_to(RESULTS.parent)))
             for p in sorted(GPU_RESULTS.glob("checkpoint_*.json"))]
 
