@@ -45,6 +45,11 @@ def repaired_environment(nproc: int, cpu_offload: bool, base: dict | None = None
     return env, changes
 
 
+# CPU ranks on any host, a GPU host included: no GPU visible (labs then trains on the CPU with gloo) and DeepSpeed's
+# CPU accelerator (it would pick CUDA from the driver otherwise).
+CPU_ONLY = {"CUDA_VISIBLE_DEVICES": "", "DS_ACCELERATOR": "cpu"}
+
+
 def importable_path(env: dict) -> str:
     """PYTHONPATH for the processes labs starts: this checkout's labs first, then what `env` had (on a GPU host
     that may be where DeepSpeed was installed), so they import the same labs whatever their working directory."""

@@ -154,7 +154,7 @@ def run(stream=True, **kwargs) -> Run:
         env, repairs = env_lib.repaired_environment(spec["nproc"], cpu_offload)
         env["PYTHONPATH"] = env_lib.importable_path(env)
         if spec.get("device") == "cpu":     # CPU ranks on a GPU host: they must not see the GPUs
-            env.update(CUDA_VISIBLE_DEVICES="", DS_ACCELERATOR="cpu")
+            env.update(env_lib.CPU_ONLY)
         command = launcher_command(spec["nproc"], work, nodes)
         (work / "run.json").write_text(json.dumps(spec, indent=1) + "\n")
         (work / "ds_config.json").write_text(json.dumps(resolved, indent=1) + "\n")

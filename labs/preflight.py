@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from labs import memory, models
+from labs import env, memory, models
 from labs.errors import LabsError
 
 # gloo ranks beyond two per core only thrash (measured on the 2-core CI machine: 4 ranks work, slowly).
@@ -197,7 +197,7 @@ def check_positive(name: str, value, kind=int):
 
 def ranks_that_fit(on_gpu: bool) -> int:
     """How many ranks labs starts on this host at most: one per GPU, or CPU_RANKS_PER_CORE per CPU core."""
-    return torch.cuda.device_count() if on_gpu else CPU_RANKS_PER_CORE * (os.cpu_count() or 1)
+    return torch.cuda.device_count() if on_gpu else CPU_RANKS_PER_CORE * env.usable_cores()
 
 
 def check_hardware(nproc: int, on_gpu: bool, seq_len: int, dims: dict, estimate_kwargs: dict,
@@ -209,7 +209,7 @@ def check_hardware(nproc: int, on_gpu: bool, seq_len: int, dims: dict, estimate_
     devices = ranks_that_fit(on_gpu)
     if nproc > devices:
         what = f"{devices} GPU(s)" if on_gpu else \
-            f"{os.cpu_count() or 1} CPU core(s); labs starts at most {CPU_RANKS_PER_CORE} CPU ranks per core"
+            f"{env.usable_cores()} usable CPU core(s); labs starts at most {CPU_RANKS_PER_CORE} CPU ranks per core"
         raise LabsError(f"--nproc {nproc}: this machine has {what}")
     positions = dims.get("max_position_embeddings")
     if positions and seq_len > positions:

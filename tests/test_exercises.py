@@ -24,7 +24,8 @@ from labs.course import exercises
     ("05.4", 23.0, 24.9),                            # Qwen2.5-7B (GQA, 28 layers), not Qwen-7B's 24.9
 ])
 def test_checkers_accept_the_answer_and_reject_others(id, right, wrong, capsys):
-    assert exercises.check(id, None) is False and "not answered yet" in capsys.readouterr().out
+    unanswered = (exercises.check(id, None), capsys.readouterr().out)
+    assert unanswered[0] is False and "not answered yet" in unanswered[1] and "Hint" not in unanswered[1]
     assert exercises.check(id, right) is True and capsys.readouterr().out.startswith(f"{id} correct")
     assert exercises.check(id, wrong) is False and capsys.readouterr().out.startswith(f"{id} not yet")
 

@@ -56,6 +56,15 @@ def test_more_ranks_than_cores(tmp_path, capsys):
     assert "--nproc 64: this machine has" in _refused(tmp_path, capsys, "--nproc", 64)
 
 
+def test_cpu_ranks_are_counted_on_the_cores_this_process_may_use(tmp_path, capsys, monkeypatch):
+    """In a Slurm task or a container limited to one core, labs allows the ranks it gives threads for (2 per core),
+    not 2 per core of the whole machine."""
+    from labs import env
+
+    monkeypatch.setattr(env, "usable_cores", lambda: 1)
+    assert "--nproc 3: this machine has 1 usable CPU core(s)" in _refused(tmp_path, capsys, "--nproc", 3)
+
+
 def test_gpu_only_loss_on_a_cpu(tmp_path, capsys):
     assert "--loss liger: Liger's Triton kernels need an NVIDIA GPU" in _refused(tmp_path, capsys, "--loss", "liger")
 

@@ -23,7 +23,7 @@ import tempfile
 import time
 
 from labs import data, models
-from labs.env import repaired_environment
+from labs.env import CPU_ONLY, repaired_environment
 
 
 def optimizers() -> dict:
@@ -51,8 +51,7 @@ def bf16_grid(lrs=(1e-5, 5e-3), steps: int = 6) -> dict:
 
 def _child(arguments: list[str]) -> dict:
     # CPU only, on a GPU host too: the probes are about the libraries' logic, not a device.
-    env = dict(repaired_environment(1, cpu_offload=True)[0], PYTHONWARNINGS="ignore", CUDA_VISIBLE_DEVICES="",
-               DS_ACCELERATOR="cpu")
+    env = dict(repaired_environment(1, cpu_offload=True)[0], PYTHONWARNINGS="ignore", **CPU_ONLY)
     result = subprocess.run([sys.executable, "-m", "labs.course.fsdp_probes", *arguments], env=env,
                             capture_output=True, text=True, timeout=600)
     if result.returncode != 0:

@@ -26,7 +26,7 @@ import torch
 
 from labs import CONFIGS, ROOT, launch, multinode
 from labs import config as config_lib
-from labs.env import importable_path
+from labs.env import CPU_ONLY, importable_path
 from labs.errors import LabsError
 from labs.runfolder import Run
 
@@ -120,7 +120,7 @@ def single_node(out, nproc=2, steps=6, config="zero3.json", instruments=("state_
 def _node_env() -> dict:
     """One thread per rank (the nodes share this machine's cores), and no GPU: CUDA_VISIBLE_DEVICES empty makes
     labs train on the CPU with gloo, with DeepSpeed's CPU accelerator (also where this process named cuda)."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", DS_ACCELERATOR="cpu")
+    env = dict(os.environ, OMP_NUM_THREADS="1", **CPU_ONLY)
     env["PYTHONPATH"] = importable_path(env)
     return env
 

@@ -34,7 +34,8 @@ def check(id: str, answer) -> bool:
         raise LabsError(f"unknown exercise '{id}'; known: {', '.join(EXERCISES)}")
     ex = EXERCISES[id]
     if answer is None:
-        print(f"{id} not answered yet. Hint: {ex.hint}")
+        # no hint before a prediction: the hint would give away the reasoning the exercise asks for
+        print(f"{id} not answered yet: put your prediction in `answer` and run the cell again")
         return False
     want = ex.expected()
     if isinstance(want, str):      # a choice: compare words, ignoring case, quotes and a trailing ': value'
