@@ -149,6 +149,6 @@ CLAIMS = [
           "(`stage3_gather_16bit_weights_on_model_save`); how long a Qwen-7B save takes was not measured.",
           "Qwen-7B save timing: {timing}",
           (See(CH5, "Part 3. Getting the model out"),
-           Read(CH5, "Part 4. Saving and loading a 7B checkpoint (GPU)",
+           Read(CH5, "Part 4. Saving and loading a large checkpoint (GPU)",
                 r"save/resume timing is (not measured yet)", ("timing",)))),
 ]
