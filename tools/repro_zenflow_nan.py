@@ -4,6 +4,16 @@ Only torch + deepspeed, one process, no labs. Run on a CPU machine:
 
     DS_ACCELERATOR=cpu python tools/repro_zenflow_nan.py [key=value ...]
 
+What it shows (DeepSpeed 0.19.8): with update_interval "auto", deepspeed/runtime/zenflow/engine.py:48-50
+(configure_zenflow) sets engine.update_interval = 0 and line 69 copies it into the engine's config,
+`engine._config.gradient_accumulation_steps = engine.update_interval`; deepspeed/runtime/engine.py:3413
+(backward) then computes `loss = loss / self.gradient_accumulation_steps()`, a division by 0: every gradient of the
+first step is inf/NaN (seen at the first reduction hook), the selective GPU AdamW (ops/adam/zenflow_torch_adam.py,
+group_step) writes NaN into the weights, and from step 2 on the loss is NaN. bf16 or fp32, clipping on or off,
+overlap_step true or false, any topk_ratio: the same. full_warm_up_rounds=1 only moves it one step later (warm-up
+steps are full updates). Any number for update_interval (e.g. update_interval=4, as DeepSpeedExamples'
+training/DeepSpeed-ZenFlow/finetuning/zf_config.json) trains.
+
 key=value pairs override the zenflow block (e.g. full_warm_up_rounds=1 overlap_step=false), plus
 bf16=false and clip=0 (gradient_clipping). It prints, per step, the loss and which parameters hold a NaN.
 """
