@@ -5,6 +5,7 @@ It wires the two halves together: the rank loop (labs.train) and the instruments
 so the launcher can show the rank that failed first with its own traceback.
 """
 import json
+import multiprocessing
 import os
 import signal
 import sys
@@ -28,6 +29,12 @@ if __name__ == "__main__":
     # Every file is written and the process group is gone: leave without the interpreter's shutdown, where a C++
     # thread left joinable by a CPU backend (gloo, DeepSpeed's shm comm op) now and then aborts the process
     # ("terminate called without an active exception", exit -6) after all the work is done.
+    # The shutdown skipped here is also what stops daemon helper processes (multiprocessing's atexit hook): ZenFlow's
+    # overlapped CPU optimizer is one, and left alive it keeps the launcher's output pipe open, so labs never returns.
+    for child in multiprocessing.active_children():
+        if child.daemon:
+            child.terminate()
+            child.join(timeout=10)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)

@@ -36,7 +36,7 @@ OFFLOAD_LEVELS = {"none": (None, None), "optimizer": ("cpu", None), "optimizer+p
 ZERO_DEFAULTS = dict(reduce_bucket_size=5e8, allgather_bucket_size=5e8, overlap_comm=False, contiguous_gradients=True,
                      stage3_prefetch_bucket_size=5e7, stage3_param_persistence_threshold=1e5,
                      stage3_max_live_parameters=1e9, stage3_max_reuse_distance=1e9, sub_group_size=1e9)
-# Blocks where "auto" is DeepSpeed's own value, not a placeholder for labs (or HF) to fill.
+# Blocks where "auto" is DeepSpeed's own value, not a placeholder for labs (or HF) to fill (but see _zenflow).
 NATIVE_AUTO = ("zero_optimization.zenflow.",)
 
 
@@ -92,6 +92,7 @@ def ds_config(raw: dict, *, world_size: int, dims: dict | None, steps: int, on_g
     peak_lr = _optimizer(config, lr, defaults["lr"], on_gpu)
     _scheduler(config, steps, peak_lr)
     _zero(config, dims)
+    _zenflow(config)
     if config.get("gradient_clipping") == "auto":
         config["gradient_clipping"] = 1.0
     if engine == "fsdp2" or "fsdp" in config:
@@ -209,6 +210,17 @@ def _pick(config: dict, key: str, given, flag: str):
     if given is not None and in_file != "auto" and in_file != given:
         raise LabsError(f"config key '{key}' is {in_file} but {flag} is {given}; drop one or set the key to \"auto\"")
     return given if given is not None else (None if in_file == "auto" else in_file)
+
+
+def _zenflow(config: dict):
+    """ZenFlow's update_interval "auto" is refused: DeepSpeed 0.19.8's configure_zenflow (runtime/zenflow/engine.py)
+    sets gradient_accumulation_steps = update_interval, which is 0 for "auto", and engine.backward divides every
+    loss by it: the gradients of the first step are inf/NaN and so are the weights after it
+    (tools/repro_zenflow_nan.py shows it with DeepSpeed alone). A number works (DeepSpeed's ZenFlow example: 4)."""
+    if (config.get("zero_optimization") or {}).get("zenflow", {}).get("update_interval") == "auto":
+        raise LabsError("config key 'zero_optimization.zenflow.update_interval' is \"auto\": DeepSpeed 0.19.8 then "
+                        "divides every loss by 0 and the weights turn NaN after the first step; set a number, e.g. 4 "
+                        "(ds_configs/bench/labs_zero2_offload_zenflow.json)")
 
 
 def _autos(node, prefix="") -> list[str]:

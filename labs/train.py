@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -94,6 +95,7 @@ def main(run_dir: Path, instruments: list[Instrument] = ()):
         losses, peaks = _gather_floats([loss.item(), float(metrics.peak_memory_bytes()[0])], device, world_size)
         if log:
             log.write(meter.step_record(step, seconds, losses, peaks, lr, engine, mine))
+        check_finite(step, losses)      # every rank holds every loss: all of them stop at the same step
         checkpoint.save_if_due(engine, step, spec, run_dir)
     for instrument in instruments:
         instrument.finished(engine)
@@ -106,6 +108,17 @@ def main(run_dir: Path, instruments: list[Instrument] = ()):
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     dist.barrier()
     dist.destroy_process_group()   # without it a rank can abort at exit ("terminate called ...")
+
+
+class NonFiniteLoss(RuntimeError):
+    """A step's loss is NaN or infinite: the weights are broken, and no later step (or timing) means anything."""
+
+
+def check_finite(step: int, losses: list[float]):
+    bad = [(rank, loss) for rank, loss in enumerate(losses) if not math.isfinite(loss)]
+    if bad:
+        rank, loss = bad[0]
+        raise NonFiniteLoss(f"step {step}: the loss is {loss} on rank {rank}: training diverged, the run is invalid")
 
 
 def build_engine(spec: dict, ds_config: dict, device: torch.device):
