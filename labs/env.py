@@ -67,13 +67,26 @@ def extensions_dir() -> str:
 
 
 def ops_to_build(on_gpu: bool, cpu_offload: bool, fused_adam: bool) -> list[str]:
-    """The DeepSpeed ops a run will compile first (tens of seconds to minutes each, once per environment): the CPU
-    communication op on a machine without a GPU, CPU Adam with an offloaded optimizer, FusedAdam on a GPU."""
-    wanted = (["deepspeed_shm_comm"] if not on_gpu else []) + (["cpu_adam"] if cpu_offload else []) + \
-        (["fused_adam"] if on_gpu and fused_adam and not cpu_offload else [])
+    """The DeepSpeed ops a run will compile first (tens of seconds to minutes each, once per environment): CPU Adam
+    with an offloaded optimizer, FusedAdam on a GPU. (Never the CPU communication op: `skip_shm_comm_op`.)"""
+    wanted = (["cpu_adam"] if cpu_offload else []) + (["fused_adam"] if on_gpu and fused_adam and not cpu_offload else [])
     # The ranks always get TORCH_EXTENSIONS_DIR (repaired_environment), and torch then builds each op straight in
     # <dir>/<op>/ (the py3XX_cpu / py3XX_cuXXX subfolder is only for its own default root).
     return [op for op in wanted if not os.path.isfile(os.path.join(extensions_dir(), op, f"{op}.so"))]
+
+
+def skip_shm_comm_op() -> None:
+    """Keep DeepSpeed from compiling its shared-memory allreduce op (deepspeed_shm_comm) in this process; call it
+    before deepspeed.init_distributed. With the cpu accelerator, DeepSpeed's comm layer compiles that C++ op on its
+    first start in an environment (30-60 s on 2 cores) for one method, inference_all_reduce, which only its inference
+    kernels (AutoTP) call: ZeRO's training collectives go through torch.distributed (gloo) with or without it.
+    Marking the op not compatible is what DeepSpeed itself does where it cannot build (off Linux), and its comm layer
+    then starts without it. Other accelerators never build it: nothing to do there (and their op probes can be slow)."""
+    if os.environ.get("DS_ACCELERATOR") != "cpu":
+        return
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
 def _version(name: str) -> str | None:

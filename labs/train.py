@@ -7,8 +7,6 @@ outside through `Instrument`: the loop itself only steps and records.
 """
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import math
 import os
@@ -18,7 +16,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from labs import checkpoint, data, fsdp, metrics, models
+from labs import checkpoint, data, env, fsdp, metrics, models
 
 
 class Instrument:
@@ -131,10 +129,8 @@ def build_engine(spec: dict, ds_config: dict, device: torch.device):
 
     # DeepSpeed's schedulers warn once at start-up that no step has run yet: true, and only noise here.
     deepspeed.utils.logger.addFilter(lambda record: "before it has started" not in record.getMessage())
-    # On a CPU every rank prints "DeepSpeed ...deepspeed_shm_comm_op built successfully" each time it loads the cached
-    # op: noise in every streamed run (a real build's compiler output goes to the terminal, not through print).
-    with contextlib.redirect_stdout(io.StringIO()):
-        deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo")
+    env.skip_shm_comm_op()    # a compile that training never uses (see there)
+    deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo")
     zero3 = ds_config.get("zero_optimization", {}).get("stage", 0) == 3
     hf_model = models.build(spec["preset"], dtype=models.DTYPES[spec["precision"]], device=device, seed=spec["seed"],
                             model_path=spec["model_path"], zero3_config=ds_config if zero3 else None)

@@ -17,5 +17,8 @@ def ensure():
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     import deepspeed
 
+    from labs import env
+
+    env.skip_shm_comm_op()                             # as the ranks do: a compile that nothing here uses
     deepspeed.init_distributed(dist_backend="gloo")    # DeepSpeed's comm layer on top of the same group
     return dist

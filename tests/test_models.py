@@ -16,7 +16,7 @@ def test_param_counts_match_the_hf_model(preset, total):
 
 
 def test_unknown_preset():
-    with pytest.raises(LabsError, match="unknown preset 'qwen-70b'; choose one of: tiny, qwen-7b, qwen2.5-7b"):
+    with pytest.raises(LabsError, match="unknown preset 'qwen-70b'; choose one of: tiny, qwen-7b, qwen2.5-3b, qwen2.5-7b"):
         models.check_preset("qwen-70b")
 
 

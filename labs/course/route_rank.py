@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 
-from labs import data, models
+from labs import data, env, models
 from labs.course import route_checks
 from labs.course.route_batches import LabsOrder, TokenRows
 
@@ -274,6 +274,7 @@ def _plain(config: dict) -> dict:
 
 def main(run_dir: Path):
     spec = json.loads((run_dir / "route.json").read_text())
+    env.skip_shm_comm_op()     # before the Trainer or accelerate starts DeepSpeed's comm layer: training never uses it
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads())))
     record = trainer_main(run_dir, spec) if spec["route"] == "trainer" else accelerate_main(run_dir, spec)
     rank = int(os.environ["RANK"])
