@@ -23,11 +23,11 @@ def _zenflow_config(tmp_path, **zenflow) -> str:
 def test_zenflow_trains_with_a_falling_finite_loss(tmp_path):
     out = tmp_path / "zf"
     result = run_labs("train", "--preset", "tiny", "--config", _zenflow_config(tmp_path), "--nproc", 1,
-                      "--steps", 10, "--lr", 1e-2, "--out", out, "--quiet", timeout=300)
+                      "--steps", 6, "--lr", 1e-2, "--out", out, "--quiet", timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     losses = [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert len(losses) == 10 and all(math.isfinite(loss) for loss in losses), losses
-    assert sum(losses[-3:]) / 3 < losses[0] - 0.5, losses      # seen: 11.95 -> 10.68
+    assert len(losses) == 6 and all(math.isfinite(loss) for loss in losses), losses
+    assert sum(losses[-2:]) / 2 < losses[0] - 0.3, losses      # the CPU step runs from step 4 (update_interval 4)
 
 
 def test_update_interval_auto_is_refused_before_any_rank_starts(tmp_path):
@@ -49,7 +49,7 @@ def test_a_run_whose_loss_turns_nan_fails_naming_the_step(tmp_path, monkeypatch)
     # ranks read the resolved ds_config.json). Step 1's loss is finite, the weights after it are not.
     monkeypatch.setattr(resolve, "_zenflow", lambda config: None)
     with pytest.raises(RankFailed) as failure:
-        launch.run(preset="tiny", config=_zenflow_config(tmp_path, update_interval="auto"), nproc=1, steps=4,
+        launch.run(preset="tiny", config=_zenflow_config(tmp_path, update_interval="auto"), nproc=1, steps=2,
                    lr=1e-3, out=tmp_path / "nan", stream=False)
     first = str(failure.value).splitlines()[0]
     assert "NonFiniteLoss: step 2: the loss is nan on rank 0: training diverged" in first, first
