@@ -130,13 +130,17 @@ def save(engine, step: int, spec: dict, run_dir: Path) -> Path:
 
 def _publish(partial: Path, final: Path, step: int, spec: dict, engine, seconds: float):
     files = {str(p.relative_to(partial)): p.stat().st_size for p in sorted(partial.rglob("*")) if p.is_file()}
+    flushing = time.perf_counter()
     for name in files:                                     # on disk before the checkpoint is declared complete
         _fsync(partial / name)
+    # save_seconds is the ranks' write (which may land in the page cache), fsync_seconds the flush to the disk after it
+    fsync_seconds = time.perf_counter() - flushing
     record = dict(step=step, tag=final.name, world_size=dist.get_world_size(),
                   zero_stage=engine.zero_optimization_stage(), train_batch_size=engine.train_batch_size(),
                   micro_batch=engine.train_micro_batch_size_per_gpu(),
                   gradient_accumulation=engine.gradient_accumulation_steps(),
-                  **{key: spec.get(key) for key in RUN_KEYS}, save_seconds=seconds, bytes=sum(files.values()),
+                  **{key: spec.get(key) for key in RUN_KEYS}, save_seconds=seconds, fsync_seconds=fsync_seconds,
+                  bytes=sum(files.values()),
                   files=files, written=time.strftime("%Y-%m-%dT%H:%M:%S%z"), hf_config=_hf_config(engine))
     _write_atomic(partial / MANIFEST, json.dumps(record, indent=1) + "\n")
     shutil.rmtree(final, ignore_errors=True)               # a stale copy of this step (a run resumed before it)

@@ -161,7 +161,9 @@ def time_save_resume(out, preset="qwen2.5-7b", config="zero3.json", steps=2, **o
                 device=metrics.device_name(), gpus=saved.summary["world_size"], preset=preset,
                 params=saved.summary["params"], zero_stage=manifest["zero_stage"], config=saved.spec["config"],
                 checkpoint_bytes=manifest["bytes"], save_seconds=manifest["save_seconds"],
-                save_gb_per_s=gb / manifest["save_seconds"], load_seconds=load["load_seconds"],
+                fsync_seconds=manifest["fsync_seconds"],
+                save_gb_per_s=gb / (manifest["save_seconds"] + manifest["fsync_seconds"]),
+                save_note="write and flush to disk (fsync) together", load_seconds=load["load_seconds"],
                 load_gb_per_s=gb / load["load_seconds"], load_note="the load reads files written moments before: "
                 "part of them may come from the host's page cache, not the disk",
                 first_loss_after_resume=resumed.losses[steps],

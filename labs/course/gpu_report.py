@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-from labs import RESULTS
+from labs import RESULTS, models
 from labs.bench import results
 from labs.metrics import read_jsonl
 from labs.table import Table
@@ -98,11 +98,33 @@ def offload_rows(suffix: str = RUNS["offload"]) -> list[dict]:
     for row in case_rows(suffix):
         if row["status"] == "ok":
             step_s = row["tokens_per_step"] / row["tokens_per_s_per_gpu"]
-            row.update(optimizer_step_s=timers[row["case"]].get("step", 0.0) / 1000, step_s=step_s)
+            row.update(optimizer_step_s=timers[row["case"]].get("step", 0.0) / 1000, step_s=step_s,
+                       fwd_ms=timers[row["case"]].get("fwd"), bwd_ms=timers[row["case"]].get("bwd"))
             row["step_share"] = row["optimizer_step_s"] / step_s
             row["note"] = f"invalid: {row['invalid_reason']}" if not row["valid"] else ""
         rows.append(row)
     return rows
+
+
+def offload_bounds(suffix: str = RUNS["offload"], to_preset="qwen2.5-7b") -> dict:
+    """What run m's step times allow. The optimizer step (DeepSpeed's `step` timer: CPU Adam and the copy back) is the
+    same work on both sides, so labs / stock can grow only through the rest of the step (the GPU part); if that part
+    cost nothing, the ratio would be stock's step over labs' CPU step. And the CPU's share of labs' step at another
+    size: the CPU step scaled by the parameter count, the GPU part by the FLOPs per token (an estimate, not a run)."""
+    rows = {r["case"]: r for r in offload_rows(suffix)}
+    labs, stock = best(suffix, "labs", offload=True), best(suffix, "stock", offload=True)
+    labs, stock = rows[labs["case"]], rows[stock["case"]]
+    gpu_labs, gpu_stock = labs["step_s"] - labs["optimizer_step_s"], stock["step_s"] - stock["optimizer_step_s"]
+    here, there = (models.shape(p) for p in (_result(suffix)["preset"], to_preset))
+    params = models.param_counts(there)["total"] / models.param_counts(here)["total"]
+    flops = models.flops_per_token(there, 4096) / models.flops_per_token(here, 4096)
+    cpu_there, gpu_there = labs["optimizer_step_s"] * params, gpu_labs * flops
+    needed = gpu_stock / (stock["step_s"] / 1.5 - labs["optimizer_step_s"])     # for labs / stock = 1.5
+    return dict(labs=labs["case"], stock=stock["case"], gpu_part_speedup=gpu_stock / gpu_labs,
+                gpu_part_speedup_for_1_5x=needed,
+                ratio_if_gpu_part_were_free=stock["step_s"] / labs["optimizer_step_s"],
+                cpu_share_here=labs["step_share"], params_ratio=params, flops_ratio=flops,
+                cpu_share_projected=cpu_there / (cpu_there + gpu_there), projected_preset=to_preset)
 
 
 def offload_targets(suffix: str = RUNS["offload"]) -> list[dict]:
@@ -114,7 +136,8 @@ def offload_targets(suffix: str = RUNS["offload"]) -> list[dict]:
     return [
         dict(target="offload hides the CPU step: labs with offload >= 90% of labs without, same batch (3B, 1 GPU)",
              measured=f"{hidden:.0%} ({labs_offload['case']} vs {OFFLOAD_REFERENCE})", met=hidden >= 0.9),
-        dict(target="labs' best offload >= 1.5x stock's best offload, same tokens per step (3B, 1 GPU)",
+        dict(target="labs' offload >= 1.5x stock's offload, same tokens per step (3B, 1 GPU; stock: the faster of its "
+                    "two measured setups, both checkpointing: not a searched best)",
              measured=f"{versus:.2f}x ({labs_offload['case']} vs {stock_offload['case']})", met=versus >= 1.5),
     ]
 
@@ -143,13 +166,22 @@ def granular_rows(folder=RESULTS / "gpu" / "granular_1xh200") -> list[dict]:
     return rows
 
 
+def cpu_granular_gaps(folder=RESULTS / "cpu" / "granular_2ranks") -> dict[str, float]:
+    """The 2-rank CPU runs (gloo, tiny): per loss path, the largest per-step loss gap between the granular fetch and
+    DeepSpeed's per-module hooks."""
+    losses = {p.name: [m["loss"] for m in read_jsonl(p / "metrics.jsonl")] for p in folder.iterdir() if p.is_dir()}
+    return {path: max(abs(a - b) for a, b in zip(losses[f"{path}_granular"], losses[f"{path}_hooks"]))
+            for path in sorted({name.rsplit("_", 1)[0] for name in losses})}
+
+
 def make_train_runs(folder=RESULTS / "gpu" / "make_train" / "2026-12-01_1xh200") -> dict[str, list[dict]]:
     """{run: per-step metrics} of the 1-GPU make-train runs, one lever each (default, 5-step warm-up, lr 3e-5)."""
     return {path.name: read_jsonl(path / "metrics.jsonl") for path in sorted(folder.iterdir()) if path.is_dir()}
 
 
 def targets() -> list[dict]:
-    """The GPU round's targets (2 x H200, Qwen2.5-7B shape, sequence 4096), each with the numbers that decide it."""
+    """The GPU round's targets, each with the numbers that decide it: 2 x H200, Qwen2.5-7B shape, sequence 4096,
+    except the two offload targets (run m: 1 x H200, Qwen2.5-3B shape)."""
     sweep_ratio = best(RUNS["sweep"], "labs")["tokens_per_s_per_gpu"] / best(RUNS["sweep"], "stock")["tokens_per_s_per_gpu"]
     labs_best = best(RUNS["sweep"], "labs")
     cap_labs, cap_stock = best(RUNS["cap"], "labs"), best(RUNS["cap"], "stock")      # one invocation
