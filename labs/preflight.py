@@ -42,7 +42,7 @@ def check_top_level_keys(raw: dict, source) -> None:
 def deepspeed_top_level_keys() -> frozenset:
     """The top-level keys this DeepSpeed version reads: DeepSpeedConfig asks for each one it knows, present or not,
     so parsing a complete config while recording its lookups lists them."""
-    os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
+    env.name_deepspeed_accelerator()
     from deepspeed.runtime.config import DeepSpeedConfig
 
     recorder = _ReadRecorder(train_batch_size=1, train_micro_batch_size_per_gpu=1, gradient_accumulation_steps=1)
@@ -53,7 +53,7 @@ def deepspeed_top_level_keys() -> frozenset:
 def check_ds_config(resolved: dict, source) -> None:
     """Parse the resolved config with DeepSpeed's own DeepSpeedConfig: its pydantic sections refuse unknown or
     ill-typed keys, and every top-level key DeepSpeed never reads is refused with a "did you mean"."""
-    os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
+    env.name_deepspeed_accelerator()
     from deepspeed.runtime.config import DeepSpeedConfig
     from pydantic import ValidationError
 

@@ -7,6 +7,7 @@ results/gpu, what the installed libraries accept, and the decision guide that pu
 """
 from __future__ import annotations
 
+from labs import env
 from labs.bench import results
 from labs.course import fsdp_vs_zero
 from labs.course.fsdp_vs_zero import ENGINES
@@ -59,7 +60,7 @@ def _buckets(ds_config: dict) -> dict:
 def deepspeed_config_error(config: dict) -> str | None:
     """The message DeepSpeed's own config class stops with for `config`, checked before any process group is
     needed (DeepSpeed 0.19 refuses the keys of features it removed); None when it passes that check."""
-    fsdp_vs_zero._quiet_deepspeed_import()
+    env.name_deepspeed_accelerator()
     from deepspeed.runtime.config import DeepSpeedConfig, DeepSpeedConfigError
 
     try:
@@ -78,7 +79,7 @@ def offload_options() -> list[dict]:
 
     from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
 
-    fsdp_vs_zero._quiet_deepspeed_import()
+    env.name_deepspeed_accelerator()
     from deepspeed.runtime.zero.offload_config import DeepSpeedZeroOffloadOptimizerConfig, OffloadDeviceEnum
 
     devices = [device.value for device in OffloadDeviceEnum]

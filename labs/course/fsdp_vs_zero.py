@@ -11,14 +11,13 @@ Every run is a plain `labs.launch.run` of a file in ds_configs/: FSDP2 is select
 from __future__ import annotations
 
 import math
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from labs import CONFIGS, launch, memory, preflight
+from labs import CONFIGS, env, launch, memory, preflight
 from labs.instruments import comm
 
 ENGINES = ("fsdp2", "deepspeed")
@@ -116,7 +115,7 @@ def adam_update_ratio(betas=(0.9, 0.95), steps_before: int = 1, real_steps: int 
 def schedule_lrs(config_file: str, steps: int, preset: str = "tiny") -> list[float]:
     """The learning rate each of `steps` optimizer steps uses, from the scheduler labs resolves for the file
     (DeepSpeed's own class, as both engines run it): WarmupCosineLR starts at warmup_min_lr, 0 here."""
-    _quiet_deepspeed_import()
+    env.name_deepspeed_accelerator()
     from deepspeed.runtime import lr_schedules
 
     _, resolved = launch.prepare(preset=preset, config=CONFIGS / config_file, steps=steps, device="cpu")
@@ -264,8 +263,3 @@ def _content_kind(key: str, tied: bool) -> str:
 
 def checkpoint_files(run, rank=0) -> list[dict]:
     return run.summary["state_dict"][rank]["files"]
-
-
-def _quiet_deepspeed_import():
-    """Name the accelerator before DeepSpeed is first imported here, so it does not warn while guessing."""
-    os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")

@@ -97,9 +97,9 @@ def offload_rows(suffix: str = RUNS["offload"]) -> list[dict]:
     rows = []
     for row in case_rows(suffix):
         if row["status"] == "ok":
-            step_s = row["tokens_per_step"] / row["tokens_per_s_per_gpu"]
-            row.update(optimizer_step_s=timers[row["case"]].get("step", 0.0) / 1000, step_s=step_s,
-                       fwd_ms=timers[row["case"]].get("fwd"), bwd_ms=timers[row["case"]].get("bwd"))
+            step_s, timer = row["tokens_per_step"] / row["tokens_per_s_per_gpu"], timers[row["case"]]
+            row.update(optimizer_step_s=timer.get("step", 0.0) / 1000, step_s=step_s, fwd_ms=timer.get("fwd"),
+                       bwd_ms=timer.get("bwd"))
             row["step_share"] = row["optimizer_step_s"] / step_s
             row["note"] = f"invalid: {row['invalid_reason']}" if not row["valid"] else ""
         rows.append(row)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import importlib
 import logging
-import os
 import tempfile
 from pathlib import Path
 from unittest import mock
@@ -24,7 +23,7 @@ from unittest import mock
 import torch
 import torch.distributed as dist
 
-from labs import config, data, launch, models, resolve
+from labs import config, data, env, launch, models, resolve
 from labs.errors import LabsError
 
 SPIKE = 1000.0        # an injected overflow: this batch's loss (so its gradients) x 1000 before the scaled backward
@@ -36,7 +35,7 @@ def one_rank_group():
     named before DeepSpeed is imported (else it warns while guessing), and DeepSpeed's shared-memory allreduce op
     is not built: it is a C++ extension compiled on first use (a minute, a compiler, and the probes of every
     optional op print linker errors), and a single rank never reduces anything."""
-    name_accelerator()
+    env.name_deepspeed_accelerator()
     if not dist.is_initialized():
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     import deepspeed
@@ -48,16 +47,11 @@ def one_rank_group():
         deepspeed.init_distributed(dist_backend="gloo")
 
 
-def name_accelerator():
-    """Name DeepSpeed's accelerator before DeepSpeed is first imported, so that it does not warn while guessing."""
-    os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
-
-
 def deepspeed_scaler(fp16_section: dict):
     """DeepSpeed's loss scaler for a config's "fp16" section, made as DeepSpeed's ZeRO optimizers make it
     (stage_1_and_2.py, stage3.py): static scale `loss_scale`, dynamic when it is 0, with the dynamic arguments
     DeepSpeed's config class derives from initial_scale_power, loss_scale_window, hysteresis, min_loss_scale."""
-    name_accelerator()
+    env.name_deepspeed_accelerator()
     from pydantic import ValidationError
     try:                                  # the scaler's interface as of DeepSpeed 0.19 (requirements.txt pins it)
         from deepspeed.runtime.fp16.loss_scaler import CreateLossScaler
@@ -86,7 +80,7 @@ def deepspeed_scaler(fp16_section: dict):
 @contextlib.contextmanager
 def deepspeed_log():
     """DeepSpeed's own log lines (its logger at INFO) collected in a list while the block runs."""
-    name_accelerator()
+    env.name_deepspeed_accelerator()
     from deepspeed.utils import logger
 
     lines, level = [], logger.level
@@ -156,7 +150,7 @@ def train_steps(fp16_section: dict, steps: int, spikes=(), preset="tiny", seq_le
     up from 0, so its first steps would leave the weights unchanged without any overflow). Each record has the
     loss of that step's own batch and, after the step, the loss on one fixed batch the model never trains on.
     `progress`: show the step reached (`progress_line`). Returns the step records and DeepSpeed's log."""
-    name_accelerator()
+    env.name_deepspeed_accelerator()
     from deepspeed.runtime.utils import has_inf_or_nan
 
     scaler = deepspeed_scaler(fp16_section)
