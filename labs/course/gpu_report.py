@@ -8,6 +8,7 @@ the targets, each computed from the files, never typed in.
 from __future__ import annotations
 
 import json
+import re
 
 from labs import RESULTS, models
 from labs.bench import results
@@ -16,7 +17,8 @@ from labs.table import Table
 
 RUNS = dict(sweep="f_sweep_2xh200", levers="g_levers_2xh200", cap="h_cap80_2xh200", cap_more="i_cap80_more_2xh200",
             fp8="j_fp8_compile_2xh200", fp8_vs_stock="k_fp8_vs_stock_2xh200", fp8_cap="l_fp8_cap80_2xh200",
-            offload="m_offload_3b_1xh200")
+            offload="m_offload_3b_1xh200", offload_stock="n_offload_stock_best_3b_1xh200",
+            offload_overlap="o_offload_overlap_3b_1xh200")
 # Run m's cases: labs' fastest without offload at the same 8 sequences per step (what "hidden" is measured against).
 OFFLOAD_REFERENCE = "labs-zero2-mb4-ga2-gpus1"
 
@@ -127,19 +129,52 @@ def offload_bounds(suffix: str = RUNS["offload"], to_preset="qwen2.5-7b") -> dic
                 cpu_share_projected=cpu_there / (cpu_there + gpu_there), projected_preset=to_preset)
 
 
-def offload_targets(suffix: str = RUNS["offload"]) -> list[dict]:
-    """Issue 12's offload targets, read from run m (one invocation, 1 x H200, Qwen2.5-3B shape, equal tokens per step)."""
+def offload_ratio(suffix: str) -> tuple[float, dict, dict]:
+    """labs' fastest offload case over stock's, both from one invocation: (ratio, labs row, stock row)."""
+    labs, stock = best(suffix, "labs", offload=True), best(suffix, "stock", offload=True)
+    return labs["tokens_per_s_per_gpu"] / stock["tokens_per_s_per_gpu"], labs, stock
+
+
+def offload_targets(suffix: str = RUNS["offload"], stock_suffix: str = RUNS["offload_stock"]) -> list[dict]:
+    """Issue 12's offload targets (1 x H200, Qwen2.5-3B shape, equal tokens per step): hidden from run m (the only
+    invocation with labs without offload beside), labs / stock from runs m and n, each within its own invocation;
+    the lower ratio decides, since stock's best setup differs between them."""
     rows = {r["case"]: r for r in case_rows(suffix)}
-    labs_offload, stock_offload = best(suffix, "labs", offload=True), best(suffix, "stock", offload=True)
+    labs_offload = best(suffix, "labs", offload=True)
     hidden = labs_offload["tokens_per_s_per_gpu"] / rows[OFFLOAD_REFERENCE]["tokens_per_s_per_gpu"]
-    versus = labs_offload["tokens_per_s_per_gpu"] / stock_offload["tokens_per_s_per_gpu"]
+    (in_m, _, stock_m), (in_n, labs_n, stock_n) = offload_ratio(suffix), offload_ratio(stock_suffix)
     return [
         dict(target="offload hides the CPU step: labs with offload >= 90% of labs without, same batch (3B, 1 GPU)",
              measured=f"{hidden:.0%} ({labs_offload['case']} vs {OFFLOAD_REFERENCE})", met=hidden >= 0.9),
-        dict(target="labs' offload >= 1.5x stock's offload, same tokens per step (3B, 1 GPU; stock: the faster of its "
-                    "two measured setups, both checkpointing: not a searched best)",
-             measured=f"{versus:.2f}x ({labs_offload['case']} vs {stock_offload['case']})", met=versus >= 1.5),
+        dict(target="labs' offload >= 1.5x stock's offload, same tokens per step (3B, 1 GPU; stock: best of the four "
+                    "setups run over two invocations, two without checkpointing: not a full search)",
+             measured=f"{in_n:.2f}x in run n ({labs_n['case']} vs {stock_n['case']}), {in_m:.2f}x in run m "
+                      f"(vs {stock_m['case']})", met=min(in_m, in_n) >= 1.5),
     ]
+
+
+def zenflow_runs(folder=RESULTS / "gpu" / "zenflow_1xh200") -> dict[str, dict]:
+    """ZenFlow without overlap ('zf_sync20') against plain labs offload ('off20'): 20 steps each, same data, seed and
+    constant lr, one H200. Per run: losses, median tokens/s, and how far the loss fell from step 1 to the mean of
+    the last 5 steps (one step is noisy)."""
+    runs = {}
+    for name in ("zf_sync20", "off20"):
+        losses = [m["loss"] for m in read_jsonl(folder / name / "metrics.jsonl")]
+        summary = json.loads((folder / name / "summary.json").read_text())
+        runs[name] = dict(losses=losses, tokens_per_s_per_gpu=summary["tokens_per_s_per_gpu"],
+                          fall=losses[0] - sum(losses[-5:]) / 5)
+    return runs
+
+
+def zenflow_oom(folder=RESULTS / "gpu" / "zenflow_1xh200" / "zf_mem") -> dict:
+    """ZenFlow with overlap_step on a 126 GiB host: what the kernel's OOM killer reported for each process it ended
+    (resident anonymous and shared memory, GiB) and the least free memory vmstat saw (GiB)."""
+    killed = [dict(anon_gib=int(re.search(r"anon-rss:(\d+)kB", line)[1]) / 2**20,
+                   shmem_gib=int(re.search(r"shmem-rss:(\d+)kB", line)[1]) / 2**20)
+              for line in (folder / "log.txt").read_text().splitlines() if "Out of memory: Killed process" in line]
+    free_mib = [int(line.split()[3]) for line in (folder / "vmstat.txt").read_text().splitlines()
+                if line.split() and line.split()[0].isdigit()]          # vmstat -S M: column 4 is free MiB
+    return dict(killed=killed, least_free_gib=min(free_mib) / 1024)
 
 
 def granular_rows(folder=RESULTS / "gpu" / "granular_1xh200") -> list[dict]:
@@ -181,7 +216,7 @@ def make_train_runs(folder=RESULTS / "gpu" / "make_train" / "2026-12-01_1xh200")
 
 def targets() -> list[dict]:
     """The GPU round's targets, each with the numbers that decide it: 2 x H200, Qwen2.5-7B shape, sequence 4096,
-    except the two offload targets (run m: 1 x H200, Qwen2.5-3B shape)."""
+    except the two offload targets (runs m and n: 1 x H200, Qwen2.5-3B shape)."""
     sweep_ratio = best(RUNS["sweep"], "labs")["tokens_per_s_per_gpu"] / best(RUNS["sweep"], "stock")["tokens_per_s_per_gpu"]
     labs_best = best(RUNS["sweep"], "labs")
     cap_labs, cap_stock = best(RUNS["cap"], "labs"), best(RUNS["cap"], "stock")      # one invocation
