@@ -3,6 +3,7 @@ answer is the measurement in the committed GPU results (or labs' formula where t
 tolerance is what the reasoning can be expected to reach."""
 from labs import memory, models
 from labs.bench import results
+from labs.course import gpu_report
 from labs.course.exercises.registry import exercise
 from labs.memory import activations
 
@@ -46,6 +47,14 @@ def _accumulated_shard():
     est = {ga: memory.estimate("qwen2.5-7b", gpus_per_node=2, micro_batch=4, grad_accum=ga, engine="fsdp2",
                                loss="liger", kernels="liger") for ga in (1, 2)}
     return (est[2].total_per_gpu_bytes - est[1].total_per_gpu_bytes) / 2**30
+
+
+@exercise("09.5", "Run n (one H200, 3B shape, 32,768 tokens per step): the optimizer step of plain offload runs on the "
+          "CPU and takes the same time whoever drives the GPU. From run n's table, predict the most labs' offload "
+          "could reach over stock's best offload case if everything labs does on the GPU took no time at all.", "x",
+          rel=0.05, hint="stock's whole step (tokens per step / tokens per second) over labs' optimizer-step seconds")
+def _offload_ceiling():
+    return gpu_report.offload_bounds(gpu_report.RUNS["offload_stock"])["ratio_if_gpu_part_were_free"]
 
 
 def stock_loss_saving_predicted_gib() -> float:
