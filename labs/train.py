@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from labs import checkpoint, data, env, fsdp, metrics, models
+from labs import checkpoint, data, env, fsdp, metrics, models, zenflow_layout
 
 
 class Instrument:
@@ -130,6 +130,8 @@ def build_engine(spec: dict, ds_config: dict, device: torch.device):
     # DeepSpeed's schedulers warn once at start-up that no step has run yet: true, and only noise here.
     deepspeed.utils.logger.addFilter(lambda record: "before it has started" not in record.getMessage())
     env.skip_shm_comm_op()    # a compile that training never uses (see there)
+    if ds_config.get("zero_optimization", {}).get("zenflow"):
+        zenflow_layout.install()     # DeepSpeed 0.19.8 scrambles ZenFlow's weights without it (see there)
     deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo")
     zero3 = ds_config.get("zero_optimization", {}).get("stage", 0) == 3
     hf_model = models.build(spec["preset"], dtype=models.DTYPES[spec["precision"]], device=device, seed=spec["seed"],

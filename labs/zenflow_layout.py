@@ -1,0 +1,51 @@
+"""A fix for DeepSpeed 0.19.8's ZenFlow under ZeRO-1/2: it scrambles every 2-D weight when the engine is built.
+
+ZenFlow stores each matrix transposed in ZeRO's flat bf16 buffer (runtime/zenflow/zenflow_utils.py:
+`_flatten_dense_tensors` transposes 2-D tensors, so a top-k "column" is contiguous), and its `_unflatten_dense_tensors`
+gives the matching transposed views back. But DeepSpeedZeroOptimizer._update_model_bit16_weights
+(runtime/zero/stage_1_and_2.py), which points the model's parameters at the buffer at start-up and after steps,
+views each slice with the parameter's own shape: a [out, in] weight then reads the buffer's [in, out] bytes row by
+row, a permutation of its values. From then on the forward uses scrambled weights (step 1's loss is not the model's)
+and every update lands on the wrong elements; the loss barely falls. With a pretrained `--model-path` the model is
+lost at step 0. `tools/repro_zenflow_layout.py` shows it with DeepSpeed alone.
+
+The fix views each 2-D slice the way ZenFlow's own unflatten does ([in, out] then transposed). Checked: the built
+model's forward equals the plain model's, and with update_interval 1 (a full CPU update every step) ZenFlow's
+per-step losses equal plain ZeRO-2 offload's (tests/test_zenflow.py).
+"""
+from __future__ import annotations
+
+_PATCHED = "_labs_zenflow_layout"
+
+
+def views(flat, params_meta_offsets):
+    """(parameter, view) pairs: each parameter's slice of ZenFlow's flat buffer with the parameter's shape, read back
+    through the transpose the buffer stores 2-D tensors in."""
+    for param, meta, offset in params_meta_offsets:
+        chunk = flat.narrow(0, offset, meta.numel())
+        yield param, (chunk.view(meta.shape[1], meta.shape[0]).t() if meta.dim() == 2 else chunk.view(meta.shape))
+
+
+def install() -> None:
+    """Replace DeepSpeedZeroOptimizer._update_model_bit16_weights with one that honours ZenFlow's layout (ZenFlow
+    only; without ZenFlow the original runs). Idempotent."""
+    from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
+
+    original = DeepSpeedZeroOptimizer._update_model_bit16_weights
+    if getattr(original, _PATCHED, False):
+        return
+
+    def update_model_bit16_weights(self, group_index):
+        if not getattr(self, "zenflow", False):
+            return original(self, group_index)
+        for param, view in views(self.bit16_groups_flat[group_index],
+                                 zip(self.round_robin_bit16_groups[group_index],
+                                     self.round_robin_bit16_meta[group_index],
+                                     self.round_robin_bit16_offsets[group_index])):
+            param.data = view
+        # as the original: the model's parameters take the (round-robin reordered) views
+        for index, param in enumerate(self.bit16_groups[group_index]):
+            param.data = self.round_robin_bit16_groups[group_index][self.round_robin_bit16_indices[group_index][index]].data
+
+    setattr(update_model_bit16_weights, _PATCHED, True)
+    DeepSpeedZeroOptimizer._update_model_bit16_weights = update_model_bit16_weights
