@@ -130,6 +130,7 @@ def build_engine(spec: dict, ds_config: dict, device: torch.device):
     # DeepSpeed's schedulers warn once at start-up that no step has run yet: true, and only noise here.
     deepspeed.utils.logger.addFilter(lambda record: "before it has started" not in record.getMessage())
     env.skip_shm_comm_op()    # a compile that training never uses (see there)
+    env.skip_muon_import(ds_config)    # torch.compile set-up for an optimizer this run does not use (see there)
     deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo")
     zero3 = ds_config.get("zero_optimization", {}).get("stage", 0) == 3
     hf_model = models.build(spec["preset"], dtype=models.DTYPES[spec["precision"]], device=device, seed=spec["seed"],
