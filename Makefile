@@ -31,7 +31,12 @@ train: $(STAMP)
 	$(VENV)/bin/labs train --preset $(PRESET) --config $(CONFIG) --steps $(STEPS) --out $(OUT) \
 	  --loss $(LOSS) --kernels $(KERNELS) --activation-checkpointing $(CHECKPOINTING) $(if $(NPROC),--nproc $(NPROC))
 
-test: $(STAMP) unit notebooks book browser
+# One cache of finished runs for the unit tests and the notebooks of this `make test` (labs/runcache.py): a run the
+# tests launched is not trained again when a chapter asks for the very same run. Removed when the target ends.
+test: $(STAMP)
+	cache=$$(mktemp -d) && trap 'rm -rf "$$cache"' EXIT && \
+	  LABS_RUN_CACHE=$$cache $(MAKE) --no-print-directory unit notebooks
+	$(MAKE) --no-print-directory book browser
 
 unit: $(STAMP)
 	$(PY) -m pytest tests -q --ignore=tests/browser

@@ -8,6 +8,7 @@ import os
 import platform
 import re
 import sys
+import types
 
 import torch
 
@@ -87,6 +88,26 @@ def skip_shm_comm_op() -> None:
     import deepspeed.ops
 
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+
+
+MUON_MODULE = "deepspeed.runtime.zero.muon.muon_optimizer"
+
+
+def skip_muon_import(ds_config: dict) -> None:
+    """Keep DeepSpeed from importing its Muon optimizer in a run that does not use Muon; call it before
+    deepspeed.initialize. Every ZeRO engine asks `isinstance(optimizer, MuonWithAuxAdam)`, and importing that module
+    sets up torch.compile for Muon's kernels (torch._dynamo and inductor: ~1.4 s of every rank's start-up on a CPU).
+    Here the module is a stand-in whose MuonWithAuxAdam no optimizer is an instance of: the answer DeepSpeed gets is
+    the same ("not Muon"). A config whose optimizer is Muon gets DeepSpeed's real module."""
+    if str((ds_config.get("optimizer") or {}).get("type", "")).lower() == "muon" or MUON_MODULE in sys.modules:
+        return
+    stand_in = types.ModuleType(MUON_MODULE, "labs.env.skip_muon_import: this run's optimizer is not Muon")
+
+    class MuonWithAuxAdam:           # never instantiated: only isinstance checks see it
+        pass
+
+    stand_in.MuonWithAuxAdam = MuonWithAuxAdam
+    sys.modules[MUON_MODULE] = stand_in
 
 
 def _version(name: str) -> str | None:

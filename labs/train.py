@@ -130,6 +130,7 @@ def build_engine(spec: dict, ds_config: dict, device: torch.device):
     # DeepSpeed's schedulers warn once at start-up that no step has run yet: true, and only noise here.
     deepspeed.utils.logger.addFilter(lambda record: "before it has started" not in record.getMessage())
     env.skip_shm_comm_op()    # a compile that training never uses (see there)
+    env.skip_muon_import(ds_config)    # torch.compile set-up for an optimizer this run does not use (see there)
     if ds_config.get("zero_optimization", {}).get("zenflow"):
         zenflow_layout.install()     # DeepSpeed 0.19.8 scrambles ZenFlow's weights without it (see there)
     deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo")

@@ -13,7 +13,7 @@ LAYERS = [
               "labs.network", "labs.checkpoint", "labs.fsdp", "labs.zenflow_layout", "labs.train"]),
     ("memory", ["labs.memory"]),
     # The launcher asks the memory model whether a run can fit before starting any rank: it sits above it.
-    ("run", ["labs.preflight", "labs.resume", "labs.launch", "labs.export"]),
+    ("run", ["labs.preflight", "labs.resume", "labs.runcache", "labs.launch", "labs.export"]),
     ("instruments", ["labs.instruments"]),
     ("bench", ["labs.bench"]),
     ("course", ["labs.course"]),

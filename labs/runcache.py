@@ -1,0 +1,91 @@
+"""Reuse a finished run when the very same run was already launched in this test session (`make test` only).
+
+`make test` sets LABS_RUN_CACHE to a fresh folder that lives as long as that one command: a run that the unit tests
+launched (e.g. chapter 1's four 2-step stage runs, which tests/test_state_bytes.py also measures) is copied for the
+notebook that asks for it again instead of being trained twice. Outside `make test` the variable is unset and every
+call launches.
+
+A run is the same when everything the ranks read is the same: the resolved spec (without its --out and the path of
+its config file), the resolved DeepSpeed config, the environment variables that reach the ranks and change what they
+do, the installed versions and the source of labs itself. Runs that read files other than labs' own (--model-path,
+--data), resume, save checkpoints or span nodes are never reused.
+
+    key = runcache.key(spec, resolved, env)       # None: this run is not reusable
+    runcache.restore(key, work, spec)             # True: `work` now holds the earlier run, with this run's run.json
+    runcache.store(key, out)                      # after a run is published
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import torch
+
+ENV = "LABS_RUN_CACHE"
+NOTE = "reused.json"       # in a copied run folder: which earlier folder it came from
+# What the ranks read from their environment that changes what they compute (labs' own LABS_* fault injection too).
+RANK_ENV = ("OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "DS_ACCELERATOR", "TORCH_CUDA_ARCH_LIST")
+_SOURCE = Path(__file__).resolve().parent
+
+
+def folder() -> Path | None:
+    value = os.environ.get(ENV)
+    return Path(value) if value else None
+
+
+def key(spec: dict, resolved: dict, env: dict) -> str | None:
+    """The cache key of a run, or None when there is no cache or the run reads something the key cannot cover."""
+    if folder() is None or any(spec.get(k) for k in ("model_path", "data", "resume", "nodes", "save_every")):
+        return None
+    ranks_env = {k: env.get(k) for k in sorted(env) if k in RANK_ENV or (k.startswith("LABS_") and k != ENV)}
+    inputs = dict(spec={k: v for k, v in spec.items() if k not in ("out", "config", "progress")}, resolved=resolved,
+                  env=ranks_env, python=sys.version, torch=torch.__version__, labs=_source_digest(),
+                  **{name: _version(name) for name in ("deepspeed", "transformers", "accelerate")})
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+def restore(key: str | None, work: Path, spec: dict) -> bool:
+    """Fill the working folder with the stored run of this key, if there is one; its run.json becomes this call's
+    spec (the same but for --out and the config file's path). Returns whether it did."""
+    stored = folder() / key if key else None
+    if stored is None or not (stored / "summary.json").is_file():
+        return False
+    for path in stored.iterdir():
+        if path.name not in ("run.json", ".labs-run"):
+            (shutil.copytree if path.is_dir() else shutil.copy2)(path, work / path.name)
+    (work / "run.json").write_text(json.dumps(spec, indent=1) + "\n")
+    original = json.loads((stored / "run.json").read_text())["out"]
+    (work / NOTE).write_text(json.dumps({"from": original, "why": f"the same run, launched earlier under {ENV}"})
+                             + "\n")
+    return True
+
+
+def store(key: str | None, out: Path):
+    """Keep a copy of a published run folder under its key (written aside, then renamed: never half a copy)."""
+    if key is None or (folder() / key).exists():
+        return
+    partial = folder() / f".{key}.{os.getpid()}"
+    shutil.copytree(out, partial, ignore=shutil.ignore_patterns(NOTE))
+    try:
+        partial.rename(folder() / key)
+    except OSError:                     # another process stored the same run meanwhile
+        shutil.rmtree(partial, ignore_errors=True)
+
+
+def _version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _source_digest() -> str:
+    digest = hashlib.sha256()
+    for path in sorted(_SOURCE.rglob("*.py")):
+        digest.update(str(path.relative_to(_SOURCE)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
