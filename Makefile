@@ -33,16 +33,18 @@ train: $(STAMP)
 
 # One cache of finished runs for the unit tests and the notebooks of this `make test` (labs/runcache.py): a run the
 # tests launched is not trained again when a chapter asks for the very same run. Removed when the target ends.
+# The launch report at the end says how many runs were trained or reused and which took longest (tools/).
 test: $(STAMP)
 	cache=$$(mktemp -d) && trap 'rm -rf "$$cache"' EXIT && \
-	  LABS_RUN_CACHE=$$cache $(MAKE) --no-print-directory unit notebooks
+	  { LABS_RUN_CACHE=$$cache $(MAKE) --no-print-directory unit notebooks; code=$$?; \
+	    $(PY) tools/launch_report.py "$$cache"; exit $$code; }
 	$(MAKE) --no-print-directory book browser
 
 unit: $(STAMP)
-	$(PY) -m pytest tests -q --ignore=tests/browser
+	$(PY) -m pytest tests -q --ignore=tests/browser --durations=15
 
 notebooks: $(STAMP)
-	$(PY) -m pytest --nbval-lax notebooks -q -p no:cacheprovider
+	$(PY) -m pytest --nbval-lax notebooks -q -p no:cacheprovider --durations=15
 
 book: $(STAMP)
 	rm -rf book/_build

@@ -91,23 +91,36 @@ def skip_shm_comm_op() -> None:
 
 
 MUON_MODULE = "deepspeed.runtime.zero.muon.muon_optimizer"
+MUON_KERNELS = "deepspeed.runtime.zero.muon.original_muon"
 
 
 def skip_muon_import(ds_config: dict) -> None:
     """Keep DeepSpeed from importing its Muon optimizer in a run that does not use Muon; call it before
-    deepspeed.initialize. Every ZeRO engine asks `isinstance(optimizer, MuonWithAuxAdam)`, and importing that module
-    sets up torch.compile for Muon's kernels (torch._dynamo and inductor: ~1.4 s of every rank's start-up on a CPU).
-    Here the module is a stand-in whose MuonWithAuxAdam no optimizer is an instance of: the answer DeepSpeed gets is
-    the same ("not Muon"). A config whose optimizer is Muon gets DeepSpeed's real module."""
-    if str((ds_config.get("optimizer") or {}).get("type", "")).lower() == "muon" or MUON_MODULE in sys.modules:
+    deepspeed.initialize. Importing either Muon module sets up torch.compile for Muon's kernels (torch._dynamo and
+    inductor: ~1.4 s of a rank's CPU), and DeepSpeed imports them in runs without Muon: every ZeRO engine asks
+    `isinstance(optimizer, MuonWithAuxAdam)`, and ZeRO-1/2 imports `muon_update` in every step's gradient copy,
+    then calls it only for parameters marked `use_muon` under a Muon optimizer. Here both modules are stand-ins:
+    no optimizer is an instance of their MuonWithAuxAdam, so DeepSpeed gets the same answer ("not Muon"), and their
+    `muon_update` raises if anything ever calls it. A config whose optimizer is Muon gets DeepSpeed's real modules."""
+    if str((ds_config.get("optimizer") or {}).get("type", "")).lower() == "muon":
         return
-    stand_in = types.ModuleType(MUON_MODULE, "labs.env.skip_muon_import: this run's optimizer is not Muon")
+    for name in (MUON_MODULE, MUON_KERNELS):
+        if name not in sys.modules:
+            sys.modules[name] = _muon_stand_in(name)
+
+
+def _muon_stand_in(name: str) -> types.ModuleType:
+    stand_in = types.ModuleType(name, "labs.env.skip_muon_import: this run's optimizer is not Muon")
 
     class MuonWithAuxAdam:           # never instantiated: only isinstance checks see it
         pass
 
+    def not_muon(*args, **kwargs):
+        raise RuntimeError(f"{name} is labs' stand-in (labs.env.skip_muon_import): this run's optimizer is not Muon")
+
     stand_in.MuonWithAuxAdam = MuonWithAuxAdam
-    sys.modules[MUON_MODULE] = stand_in
+    stand_in.muon_update = stand_in.adam_update = not_muon
+    return stand_in
 
 
 def _version(name: str) -> str | None:

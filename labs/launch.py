@@ -156,7 +156,9 @@ def run(stream=True, **kwargs) -> Run:
         if spec.get("device") == "cpu":     # CPU ranks on a GPU host: they must not see the GPUs
             env.update(env_lib.CPU_ONLY)
         reuse = runcache.key(spec, resolved, env)          # only under `make test` (LABS_RUN_CACHE)
+        started = time.perf_counter()
         if runcache.restore(reuse, work, spec):
+            runcache.note(reuse, spec, True, time.perf_counter() - started)
             if stream:
                 print((work / "launch.log").read_text(errors="replace"), end="", flush=True)
             runfolder.publish(work, out)
@@ -200,6 +202,7 @@ def run(stream=True, **kwargs) -> Run:
         resume_lib.finish(work)
         runfolder.publish(work, out)
         runcache.store(reuse, out)
+        runcache.note(reuse, spec, False, time.perf_counter() - started)
     return Run(out)
 
 

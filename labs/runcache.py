@@ -13,6 +13,7 @@ do, the installed versions and the source of labs itself. Runs that read files o
     key = runcache.key(spec, resolved, env)       # None: this run is not reusable
     runcache.restore(key, work, spec)             # True: `work` now holds the earlier run, with this run's run.json
     runcache.store(key, out)                      # after a run is published
+    runcache.note(key, spec, reused, seconds)     # one line per launch in the folder's ledger (launches.jsonl)
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ import torch
 
 ENV = "LABS_RUN_CACHE"
 NOTE = "reused.json"       # in a copied run folder: which earlier folder it came from
+LEDGER = "launches.jsonl"  # in the cache folder: every launch of this `make test`, reused or trained
 # What the ranks read from their environment that changes what they compute (labs' own LABS_* fault injection too).
 RANK_ENV = ("OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "DS_ACCELERATOR", "TORCH_CUDA_ARCH_LIST")
 _SOURCE = Path(__file__).resolve().parent
@@ -75,6 +77,18 @@ def store(key: str | None, out: Path):
         partial.rename(folder() / key)
     except OSError:                     # another process stored the same run meanwhile
         shutil.rmtree(partial, ignore_errors=True)
+
+
+def note(key: str | None, spec: dict, reused: bool, seconds: float):
+    """Add a launch to the ledger (tools/launch_report.py sums it at the end of `make test`): what ran, whether it
+    was a copy, how long it took. Appending one short line is atomic enough for processes that launch at once."""
+    if folder() is None:
+        return
+    line = dict(key=key, reused=reused, seconds=round(seconds, 2), out=spec.get("out"),
+                **{k: spec.get(k) for k in ("preset", "config", "steps", "nproc", "engine", "instruments", "nodes",
+                                            "save_every", "resume", "activation_checkpointing", "precision")})
+    with open(folder() / LEDGER, "a") as ledger:
+        ledger.write(json.dumps(line, default=str) + "\n")
 
 
 def _version(name: str) -> str | None:

@@ -1,16 +1,22 @@
 """labs.env's start-up savings in the ranks change what DeepSpeed loads, never what it computes."""
 import sys
 
+import pytest
+
 from labs import env
 
 
-def test_muon_stand_in_only_for_runs_without_muon(monkeypatch):
-    monkeypatch.delitem(sys.modules, env.MUON_MODULE, raising=False)
+def test_muon_stand_ins_only_for_runs_without_muon(monkeypatch):
+    for name in (env.MUON_MODULE, env.MUON_KERNELS):
+        monkeypatch.delitem(sys.modules, name, raising=False)
     env.skip_muon_import({"optimizer": {"type": "Muon", "params": {}}})
-    assert env.MUON_MODULE not in sys.modules                  # a Muon run gets DeepSpeed's real module
+    assert env.MUON_MODULE not in sys.modules and env.MUON_KERNELS not in sys.modules   # Muon gets DeepSpeed's own
     env.skip_muon_import({"optimizer": {"type": "AdamW", "params": {"torch_adam": True}}})
-    stand_in = sys.modules[env.MUON_MODULE]
     from deepspeed.runtime.zero.muon.muon_optimizer import MuonWithAuxAdam   # what DeepSpeed's engines import
+    from deepspeed.runtime.zero.muon.original_muon import muon_update       # what ZeRO-1/2's gradient copy imports
 
-    assert MuonWithAuxAdam is stand_in.MuonWithAuxAdam and not isinstance(object(), MuonWithAuxAdam)
-    monkeypatch.delitem(sys.modules, env.MUON_MODULE)
+    assert MuonWithAuxAdam is sys.modules[env.MUON_MODULE].MuonWithAuxAdam and not isinstance(object(), MuonWithAuxAdam)
+    with pytest.raises(RuntimeError, match="not Muon"):                    # never silently a no-op update
+        muon_update(None, None)
+    for name in (env.MUON_MODULE, env.MUON_KERNELS):
+        monkeypatch.delitem(sys.modules, name)

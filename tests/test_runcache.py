@@ -59,3 +59,23 @@ def test_a_stored_run_comes_back_with_this_runs_spec(tmp_path, cache):
     assert (work / "summary.json").read_text() == '{"final_loss": 1.5}' and (work / "metrics.jsonl").is_file()
     assert json.loads((work / runcache.NOTE).read_text())["from"] == str(tmp_path / "first")
     assert not runcache.restore(None, tmp_path / "elsewhere", spec)
+
+
+def test_the_ledger_counts_every_launch_and_the_report_sums_it(tmp_path, cache):
+    import importlib.util
+
+    spec, resolved = launch.prepare(preset="tiny", config="zero3.json", steps=2, out=tmp_path / "a")
+    key = runcache.key(spec, resolved, {})
+    runcache.note(key, spec, False, 12.5)
+    runcache.note(key, dict(spec, out=str(tmp_path / "b")), True, 0.1)
+    runcache.note(None, dict(spec, steps=3, save_every=1), False, 20.0)
+    rows = [json.loads(line) for line in (cache / runcache.LEDGER).read_text().splitlines()]
+    assert [(r["reused"], r["seconds"], r["steps"]) for r in rows] == [(False, 12.5, 2), (True, 0.1, 2), (False, 20.0, 3)]
+    loader = importlib.util.spec_from_file_location("launch_report", ROOT / "tools" / "launch_report.py")
+    report = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(report)
+    assert report.LEDGER == runcache.LEDGER
+    text = report.report(cache)
+    assert text.startswith("launch report: 3 labs runs, 1 reused from the run cache, 2 trained in 32 s (1 of them")
+    assert "zero3.json x2: 2 runs, 32 s; (steps, instruments): [(2, 'state_bytes'), (3, 'state_bytes')]" in text
+    assert "no ledger" in report.report(tmp_path)
