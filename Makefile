@@ -41,17 +41,17 @@ test: $(STAMP)
 	$(MAKE) --no-print-directory book browser
 
 unit: $(STAMP)
-	$(PY) -m pytest tests -q --ignore=tests/browser --durations=15
+	$(PY) -m pytest tests -q --ignore=tests/browser --durations=15 --instafail
 
 notebooks: $(STAMP)
-	$(PY) -m pytest --nbval-lax notebooks -q -p no:cacheprovider --durations=15
+	$(PY) -m pytest --nbval-lax notebooks -q -p no:cacheprovider --durations=15 --instafail
 
 book: $(STAMP)
 	rm -rf book/_build
 	$(VENV)/bin/jupyter-book build -W --keep-going book/
 
 browser: book   # the built book and JupyterLab in headless Chromium (/usr/bin/chromium); skips, saying why, without one
-	$(PY) -m pytest tests/browser -q
+	$(PY) -m pytest tests/browser -q --instafail
 
 execute: $(STAMP)   # re-run chapters in place (NOTEBOOKS="notebooks/01_memory_math.ipynb ..." for some)
 	$(PY) tools/execute_notebooks.py $(NOTEBOOKS)
