@@ -8,7 +8,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-LEDGER = "launches.jsonl"   # labs.runcache.LEDGER (not imported: this must run without the venv's torch)
+LEDGER = "launches.jsonl"   # labs.runcache.LEDGER (tests/test_runcache.py checks): importing labs would load torch
 SHAPE = ("preset", "config", "nproc", "engine", "activation_checkpointing", "precision")
 
 
@@ -20,7 +20,7 @@ def report(folder: Path, slowest: int = 12) -> str:
     trained = [r for r in rows if not r["reused"]]
     lines = [f"launch report: {len(rows)} labs runs, {len(rows) - len(trained)} reused from the run cache, "
              f"{len(trained)} trained in {sum(r['seconds'] for r in trained):.0f} s "
-             f"({sum(r['key'] is None for r in trained)} of them not reusable: nodes, data, resume or checkpoints)"]
+             f"({sum(r['key'] is None for r in trained)} of them not reusable: local weights, data, resume, checkpoints or nodes)"]
     lines.append(f"slowest {min(slowest, len(trained))}:")
     for r in sorted(trained, key=lambda r: -r["seconds"])[:slowest]:
         lines.append(f"  {r['seconds']:6.1f} s  {Path(str(r['config'])).name} x{r['nproc']} {r['steps']} steps  "
