@@ -1,5 +1,7 @@
 # zero-course: `make train` runs the main job, `make test` runs everything CI runs, `make lab` opens the course.
 PYTHON ?= python3
+# bash: the test streams use pipefail
+SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
@@ -17,7 +19,7 @@ LOSS ?= $(if $(filter 1,$(GPU)),liger,hf)
 KERNELS ?= $(if $(filter 1,$(GPU)),liger,stock)
 CHECKPOINTING ?= $(if $(filter 1,$(GPU)),full,none)
 
-.PHONY: train test unit notebooks book browser lab execute clean
+.PHONY: train test unit-stream notebooks-stream unit notebooks book browser lab execute clean
 
 $(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,14 +33,22 @@ train: $(STAMP)
 	$(VENV)/bin/labs train --preset $(PRESET) --config $(CONFIG) --steps $(STEPS) --out $(OUT) \
 	  --loss $(LOSS) --kernels $(KERNELS) --activation-checkpointing $(CHECKPOINTING) $(if $(NPROC),--nproc $(NPROC))
 
-# One cache of finished runs for the unit tests and the notebooks of this `make test` (labs/runcache.py): a run the
-# tests launched is not trained again when a chapter asks for the very same run. Removed when the target ends.
+# `make test` runs the unit tests and the notebooks side by side, two streams on two cores (each alone leaves about a
+# third of the machine idle: rank start-up, rendezvous, kernels waiting on their ranks), each line prefixed with its
+# stream. One cache of finished runs serves both (labs/runcache.py): a run the tests launched is not trained again
+# when a chapter asks for the very same run; a chapter that asks while a test trains it waits for it. The chapters
+# write their runs under the same temporary folder (LABS_RUNS), not into runs/, removed when the target ends.
 # The launch report at the end says how many runs were trained or reused and which took longest (tools/).
 test: $(STAMP)
 	cache=$$(mktemp -d) && trap 'rm -rf "$$cache"' EXIT && \
-	  { LABS_RUN_CACHE=$$cache $(MAKE) --no-print-directory unit notebooks; code=$$?; \
-	    $(PY) tools/launch_report.py "$$cache"; exit $$code; }
+	  { LABS_RUN_CACHE=$$cache LABS_RUNS=$$cache/runs $(MAKE) --no-print-directory -j2 unit-stream notebooks-stream; \
+	    code=$$?; $(PY) tools/launch_report.py "$$cache"; exit $$code; }
 	$(MAKE) --no-print-directory book browser
+
+# make's own -j2 starts the two streams: a shell's `&` would start them with SIGINT ignored, which the Ctrl-C tests
+# (tests/test_run_control.py) would inherit
+unit-stream notebooks-stream: %-stream: $(STAMP)
+	set -o pipefail; $(MAKE) --no-print-directory $* 2>&1 | sed -u 's/^/$*| /'
 
 unit: $(STAMP)
 	$(PY) -m pytest tests -q --ignore=tests/browser --durations=15 --instafail

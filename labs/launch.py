@@ -12,6 +12,7 @@ which folder each node writes.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import shlex
 import sys
@@ -150,13 +151,14 @@ def run(stream=True, **kwargs) -> Run:
     out = Path(spec["out"])              # this node's folder (multinode.node_out)
     nodes = kwargs.get("nodes")
     cpu_offload = config_lib.offloads(resolved)["optimizer"] == "cpu"
-    with runfolder.claim(out) as work:
+    with runfolder.claim(out) as work, contextlib.ExitStack() as cached:
         env, repairs = env_lib.repaired_environment(spec["nproc"], cpu_offload)
         env["PYTHONPATH"] = env_lib.importable_path(env)
         if spec.get("device") == "cpu":     # CPU ranks on a GPU host: they must not see the GPUs
             env.update(env_lib.CPU_ONLY)
         reuse = runcache.key(spec, resolved, env)          # only under `make test` (LABS_RUN_CACHE)
         started = time.perf_counter()
+        cached.enter_context(runcache.held(reuse))         # until stored: the same run launched meanwhile waits
         if runcache.restore(reuse, work, spec):
             runcache.note(reuse, spec, True, time.perf_counter() - started)
             if stream:

@@ -11,12 +11,15 @@ do, the installed versions and the source of labs itself. Runs that read files o
 --data), resume, save checkpoints or span nodes are never reused.
 
     key = runcache.key(spec, resolved, env)       # None: this run is not reusable
-    runcache.restore(key, work, spec)             # True: `work` now holds the earlier run, with this run's run.json
-    runcache.store(key, out)                      # after a run is published
+    with runcache.held(key):                      # a second launch of the same run waits for the first
+        runcache.restore(key, work, spec)         # True: `work` now holds the earlier run, with this run's run.json
+        runcache.store(key, out)                  # after a run is published
     runcache.note(key, spec, reused, seconds)     # one line per launch in the folder's ledger (launches.jsonl)
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import importlib.metadata
 import json
@@ -49,6 +52,19 @@ def key(spec: dict, resolved: dict, env: dict) -> str | None:
                   env=ranks_env, python=sys.version, torch=torch.__version__, labs=_source_digest(),
                   **{name: _version(name) for name in ("deepspeed", "transformers", "accelerate")})
     return hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+@contextlib.contextmanager
+def held(key: str | None):
+    """Hold the key's lock while the run is looked up, trained and stored: `make test` runs the unit tests and the
+    notebooks side by side, and a chapter that asks for a run a test is training waits for it, then copies it,
+    instead of training it a second time. The lock goes with the process that holds it, however it ends."""
+    if key is None:
+        yield
+        return
+    with open(folder() / f".{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def restore(key: str | None, work: Path, spec: dict) -> bool:

@@ -1,6 +1,8 @@
 """labs.runcache: under `make test` a run with the very same inputs is copied, never one that differs in anything the
 ranks read. No rank starts here: the keys come from launch.prepare, the stored run is a folder written by hand."""
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -79,3 +81,21 @@ def test_the_ledger_counts_every_launch_and_the_report_sums_it(tmp_path, cache):
     assert text.startswith("launch report: 3 labs runs, 1 reused from the run cache, 2 trained in 32 s (1 of them")
     assert "zero3.json x2: 2 runs, 32 s; (steps, instruments): [(2, 'state_bytes'), (3, 'state_bytes')]" in text
     assert "no ledger" in report.report(tmp_path)
+
+
+def test_a_held_key_makes_another_process_wait(tmp_path, cache):
+    """make test runs the tests and the notebooks side by side: while one process trains a run, another launch of
+    the same run must wait for it (then copy it), not train it too. The lock is per key and per process."""
+    probe = ("import fcntl, sys; f = open(sys.argv[1], 'w')\n"
+             "try:\n    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB); print('free')\n"
+             "except BlockingIOError:\n    print('held')")
+    lock = cache / ".abc.lock"
+
+    def other_process_sees():
+        return subprocess.run([sys.executable, "-c", probe, str(lock)], capture_output=True, text=True).stdout.strip()
+
+    with runcache.held("abc"):
+        assert other_process_sees() == "held"
+        with runcache.held(None):              # a run that is not reusable takes no lock
+            pass
+    assert other_process_sees() == "free"
