@@ -5,6 +5,7 @@ import pytest
 
 from conftest import run_labs
 from labs.bench import results
+from labs.errors import LabsError
 
 
 def test_bench_runs_stock_and_labs_in_one_invocation(tmp_path):
@@ -30,6 +31,23 @@ def test_unknown_case_is_one_clear_error(tmp_path):
     result = run_labs("bench", "--preset", "tiny", "--cases", "warp-drive", "--out", tmp_path / "x.json")
     assert result.returncode == 2 and "unknown bench case 'warp-drive'" in result.stderr
     assert not (tmp_path / "x.json").exists()
+
+
+def test_offload_variants_change_one_lever_each():
+    """offloadhalf and nvme differ from `offload` in the optimizer's placement only (ZeRO-3: ratio, device)."""
+    from labs import CONFIGS
+    from labs.bench.cases import compose
+    base = json.loads((CONFIGS / compose("labs-zero3-offload-mb8")[1]["config"]).read_text())
+    for option, changed in (("offloadhalf", {"ratio": 0.5}),
+                            ("nvme", {"device": "nvme", "nvme_path": "/tmp/labs-nvme", "buffer_count": 4})):
+        config = json.loads((CONFIGS / compose(f"labs-zero3-{option}-mb8")[1]["config"]).read_text())
+        offload = config["zero_optimization"].pop("offload_optimizer")
+        assert offload == {**base["zero_optimization"]["offload_optimizer"], **changed}
+        config.pop("aio", None)
+        assert config == {**base, "zero_optimization": {k: v for k, v in base["zero_optimization"].items()
+                                                          if k != "offload_optimizer"}}
+    with pytest.raises(LabsError, match="nvme is defined for labs with zero3"):
+        compose("labs-zero2-nvme")
 
 
 RECORDED = results.load_all()

@@ -10,7 +10,9 @@ A composed case is `SIDE-ENGINE[-OPTION...]`:
     SIDE    stock | labs
     ENGINE  zero1 | zero2 | zero3 | fsdp2
     OPTION  ckfull | cknone | ckK (checkpoint the first K layers), mbN (micro-batch), gaN (accumulation steps),
-            offload (optimizer to the CPU: DeepSpeed's CPU Adam), zenflow (ZeRO-2 offload with ZenFlow's overlapped,
+            offload (optimizer to the CPU: DeepSpeed's CPU Adam), offloadhalf (ZeRO-3: half of the optimizer to
+            the CPU, the other half stepped on the GPU: offload_optimizer.ratio 0.5), nvme (ZeRO-3: the optimizer
+            state on the disk under /tmp/labs-nvme, which must exist; swapped through CPU Adam), zenflow (ZeRO-2 offload with ZenFlow's overlapped,
             top-k selective CPU step), superoffload (ZeRO-3 offload with SuperOffload), gpusN (ranks),
             compile (torch.compile of each decoder layer), sdpa-cudnn | sdpa-flash (attention backend),
             fp8 (torchao float8 training of the decoder layers' matmuls; FSDP2 only; a different numeric recipe)
@@ -87,10 +89,13 @@ SIDES = {
                  configs={"zero1": "bench/labs_zero1.json", "zero2": "bench/labs_zero2.json",
                           "zero3": "bench/labs_zero3.json", "fsdp2": "bench/labs_zero3.json"},
                  offload={"zero2": "bench/labs_zero2_offload.json", "zero3": "bench/labs_zero3_offload.json"},
+                 offloadhalf={"zero3": "bench/labs_zero3_offload_half.json"},
+                 nvme={"zero3": "bench/labs_zero3_offload_nvme.json"},
                  zenflow={"zero2": "bench/labs_zero2_offload_zenflow.json"},
                  superoffload={"zero3": "bench/labs_zero3_offload_super.json"}),
 }
-_OPTION = re.compile(r"ck(full|none|\d+)|mb(\d+)|ga(\d+)|gpus(\d+)|compile|fp8|offload|zenflow|superoffload"
+_OPTION = re.compile(r"ck(full|none|\d+)|mb(\d+)|ga(\d+)|gpus(\d+)|compile|fp8|offloadhalf|offload|nvme|zenflow"
+                     r"|superoffload"
                      r"|sdpa-(cudnn|flash|efficient)")
 
 
@@ -109,7 +114,7 @@ def compose(name: str) -> tuple[str, dict]:
         match = _OPTION.fullmatch(option)
         if not match:
             raise LabsError(f"bench case '{name}': unknown option '{option}' (ckfull, cknone, ckK, mbN, gaN, gpusN, "
-                            "compile, fp8, offload, zenflow, superoffload, sdpa-cudnn, sdpa-flash)")
+                            "compile, fp8, offload, offloadhalf, nvme, zenflow, superoffload, sdpa-cudnn, sdpa-flash)")
         if match.group(1):
             launch["activation_checkpointing"] = match.group(1)
         elif match.group(2):
@@ -120,7 +125,7 @@ def compose(name: str) -> tuple[str, dict]:
             launch["nproc"] = int(match.group(4))
         elif option in ("compile", "fp8"):
             launch[option] = True
-        elif option in ("offload", "zenflow", "superoffload"):
+        elif option in ("offload", "offloadhalf", "nvme", "zenflow", "superoffload"):
             if engine not in spec.get(option, {}):
                 raise LabsError(f"bench case '{name}': {option} is defined for {side} with "
                                 f"{', '.join(spec.get(option, {})) or 'no engine'}")
