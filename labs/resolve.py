@@ -117,6 +117,8 @@ def zero_knobs(config: dict) -> dict:
     knobs = {key: zero.get(key, default) for key, default in ZERO_DEFAULTS.items()}
     if "overlap_comm" not in zero:
         knobs["overlap_comm"] = zero.get("stage", 0) == 3
+    # ZeRO-3's partial offload: the share of the optimizer's sub-groups stepped on the host (1.0: all of them)
+    knobs["offload_ratio"] = float((zero.get("offload_optimizer") or {}).get("ratio", 1.0))
     return knobs
 
 

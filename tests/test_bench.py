@@ -153,5 +153,15 @@ def test_readme_quotes_the_recorded_round_2_numbers():
     expected += [f"{off_stock['tokens_per_s_per_gpu']:,.0f}", f"{off_labs['tokens_per_s_per_gpu']:,.0f}",
                  f"| {ratio_n:.2f}x (run m: {ratio_m:.2f}x;", f"was {ratio_m:.2f}x behind labs",
                  f"{off_labs['mfu']:.1%} ({off_labs['mfu_causal']:.1%})", f"at {hidden:.0%} of labs without"]
+    p = {r["case"]: r for r in g.round5_rows() if r["run"] == "p"}
+    q = {r["case"]: r for r in g.round5_rows() if r["run"] == "q"}
+    t = {r["threads"]: r["tokens_per_s_per_gpu"] for r in g.round5_rows() if "threads" in r}
+    none, full, half = (p[f"labs-zero3-{c}-gpus1"] for c in ("mb4-ga2", "offload-mb8", "offloadhalf-mb8"))
+    half_row = results.find(results.rows(RECORDED), g.RUNS["ratio"], half["case"])
+    expected += [f"runs {half['tokens_per_s_per_gpu'] / full['tokens_per_s_per_gpu']:.2f}x full offload",
+                 f"reaches {half['tokens_per_s_per_gpu'] / none['tokens_per_s_per_gpu']:.0%} of",
+                 f"({results.estimate_for(half_row).total_per_gpu_bytes / 2**30:.1f} GiB against {half['peak_gib']:.1f}",
+                 f"runs at {q['labs-zero3-nvme-mb8-gpus1']['tokens_per_s_per_gpu'] / q['labs-zero3-offload-mb8-gpus1']['tokens_per_s_per_gpu']:.3f}x",
+                 f"runs {t[16] / t[8]:.2f}x 8 threads and {t[16] / t[4]:.2f}x 4"]
     missing = [figure for figure in expected if figure not in table]
     assert not missing, missing

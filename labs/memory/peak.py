@@ -48,9 +48,13 @@ def deepspeed(params, layout, dims, stage, world, d, mixed, state_bytes, offload
     params_gpu = params_rank
     if offload_param:
         params_gpu = d * z3["persistent"]
-    optimizer_gpu = 0 if offload_optimizer else optimizer_rank
+    # ZeRO-3 partial offload (offload_optimizer.ratio < 1): the first sub-groups stay on the GPU, whole
+    on_gpu = _gpu_sub_groups(z3, knobs) if offload_optimizer and stage == 3 else []
+    gpu_share = sum(on_gpu) / partition if on_gpu else 0.0
+    optimizer_gpu = gpu_share * optimizer_rank if offload_optimizer else optimizer_rank
     host, nvme, staging_gpu = _offloaded_optimizer(layout, dims, stage, d, partition, optimizer_rank,
                                                    offload_optimizer, z3 if stage == 3 else None, knobs)
+    host -= gpu_share * (optimizer_rank + 4 * partition)
     if offload_param:
         if offload_param == "nvme":
             nvme += params_rank
@@ -63,7 +67,7 @@ def deepspeed(params, layout, dims, stage, world, d, mixed, state_bytes, offload
     # ---- gradients on this GPU at each moment
     grads_kept = grads_rank[worst]
     if stage == 3:
-        kept_on_gpu = bucket if offload_optimizer else grads_kept
+        kept_on_gpu = bucket + gpu_share * d * partition if offload_optimizer else grads_kept
         grads = dict(loss=kept_on_gpu, layer=kept_on_gpu, end=kept_on_gpu, step=kept_on_gpu)
     elif stage == 2:
         kept_on_gpu = 0 if offload_optimizer else grads_kept
@@ -82,7 +86,7 @@ def deepspeed(params, layout, dims, stage, world, d, mixed, state_bytes, offload
         gathered_layer = d * min(live, acts["layer_params"] + prefetch)
         gathered_embedding = 2 * d * acts["head"]               # gathered weight + its dense gradient
     if offload_optimizer:
-        step_copies = 0                                        # the update runs on the host
+        step_copies = (d + 4) * max(on_gpu, default=0)         # the update runs on the host, but for on_gpu
     elif stage == 3:
         step_copies = (d + 4) * z3["largest_sub_group"]        # flatten (bf16) then .to(fp32), per sub-group
     elif stage in (1, 2):
@@ -107,6 +111,13 @@ def deepspeed(params, layout, dims, stage, world, d, mixed, state_bytes, offload
         "optimizer_step": dict(base, grads=grads["step"], activations=0, buffers=staging_gpu + step_copies),
     }
     return phases, resident, host, nvme
+
+
+def _gpu_sub_groups(z3: dict, knobs: dict) -> list[int]:
+    """The optimizer sub-groups (elements) that ZeRO-3 steps on the GPU under partial offload: DeepSpeed 0.19.8
+    (stage3.py, `subgroup_to_device`) keeps sub-group i on the GPU while i < int((1 - ratio) x sub-groups)."""
+    groups = z3.get("sub_groups") or [z3["largest_sub_group"]]
+    return groups[:int((1 - knobs.get("offload_ratio", 1.0)) * len(groups))]
 
 
 def reduce_bucket_bytes(knobs: dict, dtype_bytes: int, stage: int = 2) -> int:

@@ -57,6 +57,16 @@ def _offload_ceiling():
     return gpu_report.offload_bounds(gpu_report.RUNS["offload_stock"])["ratio_if_gpu_part_were_free"]
 
 
+@exercise("09.6", "Run p (one H200, 3B shape): full optimizer offload peaks at the GPU memory its table shows. With "
+          "offload_optimizer.ratio 0.5, DeepSpeed steps about half of the optimizer's sub-groups on the GPU. Predict "
+          "the half-offload case's peak in GiB from the full-offload peak and chapter 1's bytes per parameter.",
+          "GiB", rel=0.05,
+          hint="for about half of the 3.09 B parameters the GPU now holds the fp32 master and both Adam moments "
+               "(12 bytes) and keeps its bf16 gradient partition (2 bytes); add that to full offload's peak")
+def _half_offload_peak():
+    return _case("p_offload_ratio_3b_1xh200", "labs-zero3-offloadhalf-mb8-gpus1")["peak_gib"]
+
+
 def stock_loss_saving_predicted_gib() -> float:
     """What chapter 1's accounting predicts for 09.3: the stock loss's worst moment minus Liger's."""
     hf, liger = (sum(activations.loss_bytes(QWEN, loss, 2, 4096).values()) for loss in ("hf", "liger"))
