@@ -158,7 +158,7 @@ def test_readme_quotes_the_recorded_round_2_numbers():
     t = {r["threads"]: r["tokens_per_s_per_gpu"] for r in g.round5_rows() if "threads" in r}
     none, full, half = (p[f"labs-zero3-{c}-gpus1"] for c in ("mb4-ga2", "offload-mb8", "offloadhalf-mb8"))
     half_row = results.find(results.rows(RECORDED), g.RUNS["ratio"], half["case"])
-    expected += [f"runs {half['tokens_per_s_per_gpu'] / full['tokens_per_s_per_gpu']:.2f}x full offload",
+    expected += [f"runs {half['tokens_per_s_per_gpu'] / full['tokens_per_s_per_gpu']:.2f}x ZeRO-3 full offload",
                  f"reaches {half['tokens_per_s_per_gpu'] / none['tokens_per_s_per_gpu']:.0%} of",
                  f"({results.estimate_for(half_row).total_per_gpu_bytes / 2**30:.1f} GiB against {half['peak_gib']:.1f}",
                  f"runs at {q['labs-zero3-nvme-mb8-gpus1']['tokens_per_s_per_gpu'] / q['labs-zero3-offload-mb8-gpus1']['tokens_per_s_per_gpu']:.3f}x",

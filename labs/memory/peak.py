@@ -67,7 +67,8 @@ def deepspeed(params, layout, dims, stage, world, d, mixed, state_bytes, offload
     # ---- gradients on this GPU at each moment
     grads_kept = grads_rank[worst]
     if stage == 3:
-        kept_on_gpu = bucket + gpu_share * d * partition if offload_optimizer else grads_kept
+        # partial offload: DeepSpeed moves a GPU sub-group's fp32 gradient to the GPU (stage3.py, `.grad = ...to(`)
+        kept_on_gpu = bucket + gpu_share * 4 * partition if offload_optimizer else grads_kept
         grads = dict(loss=kept_on_gpu, layer=kept_on_gpu, end=kept_on_gpu, step=kept_on_gpu)
     elif stage == 2:
         kept_on_gpu = 0 if offload_optimizer else grads_kept

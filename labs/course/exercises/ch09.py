@@ -57,14 +57,16 @@ def _offload_ceiling():
     return gpu_report.offload_bounds(gpu_report.RUNS["offload_stock"])["ratio_if_gpu_part_were_free"]
 
 
-@exercise("09.6", "Run p (one H200, 3B shape): full optimizer offload peaks at the GPU memory its table shows. With "
-          "offload_optimizer.ratio 0.5, DeepSpeed steps about half of the optimizer's sub-groups on the GPU. Predict "
-          "the half-offload case's peak in GiB from the full-offload peak and chapter 1's bytes per parameter.",
+@exercise("09.6", "Predict, before reading run p's table: with offload_optimizer.ratio 0.5 DeepSpeed steps ZeRO-3's "
+          "optimizer sub-groups 0 .. int(0.5 x count) - 1 on the GPU and the rest on the CPU: for the 3B shape 3 of "
+          "its 7 sub-groups, holding 1.54e9 of its 3.09e9 parameters. How many GiB more does the GPU peak at than with the whole "
+          "optimizer offloaded (same micro-batch)? Think about every fp32 tensor a GPU-side Adam step needs.",
           "GiB", rel=0.05,
-          hint="for about half of the 3.09 B parameters the GPU now holds the fp32 master and both Adam moments "
-               "(12 bytes) and keeps its bf16 gradient partition (2 bytes); add that to full offload's peak")
-def _half_offload_peak():
-    return _case("p_offload_ratio_3b_1xh200", "labs-zero3-offloadhalf-mb8-gpus1")["peak_gib"]
+          hint="per parameter of a GPU sub-group: the fp32 master and both Adam moments (12 bytes) and the fp32 "
+               "gradient the step reads (4 bytes: DeepSpeed moves it to the sub-group's device)")
+def _half_offload_extra_gib():
+    return _case("p_offload_ratio_3b_1xh200", "labs-zero3-offloadhalf-mb8-gpus1")["peak_gib"] - \
+        _case("p_offload_ratio_3b_1xh200", "labs-zero3-offload-mb8-gpus1")["peak_gib"]
 
 
 def stock_loss_saving_predicted_gib() -> float:
