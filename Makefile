@@ -19,7 +19,7 @@ LOSS ?= $(if $(filter 1,$(GPU)),liger,hf)
 KERNELS ?= $(if $(filter 1,$(GPU)),liger,stock)
 CHECKPOINTING ?= $(if $(filter 1,$(GPU)),full,none)
 
-.PHONY: train test unit-stream notebooks-stream unit notebooks book browser lab execute clean
+.PHONY: train test tests-stream chapters-stream unit notebooks book browser lab execute clean
 
 $(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -33,28 +33,37 @@ train: $(STAMP)
 	$(VENV)/bin/labs train --preset $(PRESET) --config $(CONFIG) --steps $(STEPS) --out $(OUT) \
 	  --loss $(LOSS) --kernels $(KERNELS) --activation-checkpointing $(CHECKPOINTING) $(if $(NPROC),--nproc $(NPROC))
 
-# `make test` runs the unit tests and the notebooks side by side, two streams on two cores (each alone leaves about a
-# third of the machine idle: rank start-up, rendezvous, kernels waiting on their ranks), each line prefixed with its
-# stream. One cache of finished runs serves both (labs/runcache.py): a run the tests launched is not trained again
-# when a chapter asks for the very same run; a chapter that asks while a test trains it waits for it. The chapters
-# write their runs under the same temporary folder (LABS_RUNS), not into runs/, removed when the target ends.
-# The launch report at the end says how many runs were trained or reused and which took longest (tools/).
+# `make test` runs two streams side by side on two cores (`make unit` alone kept 1.5 of 2 cores busy: rank start-up,
+# rendezvous, kernels waiting on their ranks): the unit tests then chapters 8-9, and chapters 0-7, about as long as
+# each other; each line is prefixed with what printed it. One cache of finished runs serves both (labs/runcache.py):
+# a run the tests launched is not trained again when a chapter asks for the very same run; a chapter that asks while
+# a test trains it waits for it. The chapters write their runs under the same temporary folder (LABS_RUNS), not into
+# runs/, removed when the target ends. The launch report at the end says how many runs were trained or reused and
+# which took longest (tools/).
+LATE_CHAPTERS := notebooks/08_trainer_and_accelerate.ipynb notebooks/09_qwen7b_on_gpu.ipynb
+EARLY_CHAPTERS := $(filter-out $(LATE_CHAPTERS),$(sort $(wildcard notebooks/*.ipynb)))
 test: $(STAMP)
 	cache=$$(mktemp -d) && trap 'rm -rf "$$cache"' EXIT && \
-	  { LABS_RUN_CACHE=$$cache LABS_RUNS=$$cache/runs $(MAKE) --no-print-directory -j2 unit-stream notebooks-stream; \
+	  { LABS_RUN_CACHE=$$cache LABS_RUNS=$$cache/runs $(MAKE) --no-print-directory -j2 tests-stream chapters-stream; \
 	    code=$$?; $(PY) tools/launch_report.py "$$cache"; exit $$code; }
 	$(MAKE) --no-print-directory book browser
 
 # make's own -j2 starts the two streams: a shell's `&` would start them with SIGINT ignored, which the Ctrl-C tests
 # (tests/test_run_control.py) would inherit
-unit-stream notebooks-stream: %-stream: $(STAMP)
-	set -o pipefail; $(MAKE) --no-print-directory $* 2>&1 | sed -u 's/^/$*| /'
+tests-stream: $(STAMP)
+	set -o pipefail; $(MAKE) --no-print-directory unit 2>&1 | sed -u 's/^/unit| /'; unit=$$?; \
+	  $(MAKE) --no-print-directory notebooks NOTEBOOK_FILES="$(LATE_CHAPTERS)" 2>&1 | sed -u 's/^/chapters 8-9| /'; \
+	  exit $$(( unit || $$? ))
+
+chapters-stream: $(STAMP)
+	set -o pipefail; $(MAKE) --no-print-directory notebooks NOTEBOOK_FILES="$(EARLY_CHAPTERS)" 2>&1 | \
+	  sed -u 's/^/chapters 0-7| /'
 
 unit: $(STAMP)
 	$(PY) -m pytest tests -q --ignore=tests/browser --durations=15 --instafail
 
 notebooks: $(STAMP)
-	$(PY) -m pytest --nbval-lax notebooks -q -p no:cacheprovider --durations=15 --instafail
+	$(PY) -m pytest --nbval-lax $(or $(NOTEBOOK_FILES),notebooks) -q -p no:cacheprovider --durations=15 --instafail
 
 book: $(STAMP)
 	rm -rf book/_build
