@@ -3,11 +3,15 @@
 #   bash tools/gpu_queue.sh JOBFILE SECONDS
 # which installs the carried wheels once per host, then runs the jobs of JOBFILE (lines "name|seconds|command")
 # not yet done on this host, in order, starting a job only when its estimate fits in what is left of SECONDS.
-# Each job's output goes to $OUT/NAME.log and its exit code to $OUT/NAME.rc; /tmp/gpu_queue.done remembers the
-# finished ones while the host stays warm, so the next call picks up where this one stopped.
+# Each job's output goes to NAME.log and its exit code to NAME.rc in /tmp/gpu_queue.out, which lives as long as the
+# host; /tmp/gpu_queue.done remembers the finished ones, so the next call picks up where this one stopped. The device
+# tool brings back at most 8 files a call (round 5 lost a result that way), so the call's $OUT gets one file: a
+# tarball of that whole folder, everything every call wrote so far.
 set -u
 JOBS=$1; LIMIT=${2:-540}; START=$(date +%s)
-export OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+CALL_OUT=${OUT:-/tmp/out}; mkdir -p "$CALL_OUT"
+export OUT=/tmp/gpu_queue.out; mkdir -p "$OUT"
+trap 'tar czf "$CALL_OUT/gpu_queue_out.tgz" -C "$OUT" .' EXIT
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=9.0
 if [ ! -e /tmp/site/.installed ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
