@@ -102,8 +102,8 @@ def ds_config(raw: dict, *, world_size: int, dims: dict | None, steps: int, on_g
         raise LabsError(f"config key '{left[0]}' is \"auto\", which labs cannot resolve; set a value")
     if not on_gpu:
         if config_lib.precision(config) == "fp16":
-            raise LabsError("config key 'fp16.enabled': DeepSpeed runs fp16 only on GPUs; use bf16 on CPU "
-                            "(ds_configs/zero3.json)")
+            raise LabsError("config key 'fp16.enabled': labs runs fp16 only on GPU ranks (a CPU's fp16 support "
+                            "depends on the processor); use bf16 on CPU (ds_configs/zero3.json)")
         if "nvme" in config_lib.offloads(config).values():
             raise LabsError("config key 'zero_optimization.offload_*.device' is \"nvme\": NVMe offload needs a "
                             "GPU host with libaio; use \"cpu\" here")
