@@ -153,9 +153,10 @@ def test_readme_quotes_the_recorded_round_2_numbers():
     expected += [f"{off_stock['tokens_per_s_per_gpu']:,.0f}", f"{off_labs['tokens_per_s_per_gpu']:,.0f}",
                  f"| {ratio_n:.2f}x (run m: {ratio_m:.2f}x;", f"was {ratio_m:.2f}x behind labs",
                  f"{off_labs['mfu']:.1%} ({off_labs['mfu_causal']:.1%})", f"at {hidden:.0%} of labs without"]
-    p = {r["case"]: r for r in g.round5_rows() if r["run"] == "p"}
-    q = {r["case"]: r for r in g.round5_rows() if r["run"] == "q"}
-    t = {r["threads"]: r["tokens_per_s_per_gpu"] for r in g.round5_rows() if "threads" in r}
+    round5 = g.round5_rows()
+    p = {r["case"]: r for r in round5 if r["run"] == "p"}
+    q = {r["case"]: r for r in round5 if r["run"] == "q"}
+    t = {r["threads"]: r["tokens_per_s_per_gpu"] for r in round5 if "threads" in r}
     none, full, half = (p[f"labs-zero3-{c}-gpus1"] for c in ("mb4-ga2", "offload-mb8", "offloadhalf-mb8"))
     half_row = results.find(results.rows(RECORDED), g.RUNS["ratio"], half["case"])
     expected += [f"runs {half['tokens_per_s_per_gpu'] / full['tokens_per_s_per_gpu']:.2f}x ZeRO-3 full offload",

@@ -3,8 +3,9 @@
 GPU round 5 (2026-12-02): the device tool brings back at most 8 files from a call; the first call wrote 9 and the
 bench's JSON was among those left behind, then cleared with the call's output folder. The case run folders were still
 on the warm host (/tmp/bench-work) and came back in a later call. This writes the same fields `labs bench` writes
-(labs.bench.runner.run_cases), from those folders, plus `assembled`, which says so; the host facts are copied from
-a result file written by the same host in the same session.
+(labs.bench.runner.finished_case, as run_cases does), from those folders, plus `assembled`, which says so, and the
+ranks' OMP_NUM_THREADS from the folders' environment.json; the host facts are copied from a result file written by
+the same host in the same session. labs.memory's predictions are computed when this runs.
 
     python tools/assemble_bench_result.py --runs DIR --host-from OTHER.json --command "..." --out RESULT.json CASE...
 """
@@ -41,10 +42,11 @@ def main():
         run = Run(Path(a.runs) / name)
         options = dict(case_options(name, result["preset"], steps, None, None, on_gpu=True), gpu_memory=None)
         result["cases"][name] = dict(description=describe(name), options={k: str(v) for k, v in options.items()},
-                                     status="ok", summary=run.summary, ds_config=run.ds_config, metrics=run.metrics,
-                                     timers_ms=runner._mean_timers(run.metrics, warmup=2),
-                                     predicted=runner._predicted(run), wall_s=None)
-    Path(a.out).write_text(json.dumps(runner._with_ratios(result), indent=1) + "\n")
+                                     **runner.finished_case(run), wall_s=None)
+    threads = {json.loads((Path(a.runs) / name / "environment.json").read_text())["OMP_NUM_THREADS"] for name in a.cases}
+    assert len(threads) == 1, threads
+    result["environment"] = {"OMP_NUM_THREADS": threads.pop()}    # what the ranks ran with (the bench did not record it)
+    Path(a.out).write_text(json.dumps(runner.with_ratios(result), indent=1) + "\n")
     print(runner.format_table(result))
 
 

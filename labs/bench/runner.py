@@ -50,16 +50,15 @@ def run_cases(names: list[str], preset="qwen2.5-7b", steps=8, seq_len=None, micr
         started = time.time()
         try:
             run = launch.run(out=work / name, stream=stream, **options[name])
-            entry.update(status="ok", summary=run.summary, ds_config=run.ds_config, metrics=run.metrics,
-                         timers_ms=_mean_timers(run.metrics, warmup=2), predicted=_predicted(run))
+            entry.update(finished_case(run))
         except RankFailed as exc:
             entry.update(status="failed", error=_last_error_line(str(exc)), error_tail=str(exc)[-3000:])
         entry["wall_s"] = round(time.time() - started, 1)
         result["cases"][name] = entry
         if out:   # written after every case, so a later crash or time-out keeps what was measured
             Path(out).parent.mkdir(parents=True, exist_ok=True)
-            Path(out).write_text(json.dumps(_with_ratios(result), indent=1) + "\n")
-    return _with_ratios(result)
+            Path(out).write_text(json.dumps(with_ratios(result), indent=1) + "\n")
+    return with_ratios(result)
 
 
 def run_sweep(preset="qwen2.5-7b", gpus=None, gpu_memory=None, batch_per_gpu=8, top=3, extra=(), seq_len=None,
@@ -84,7 +83,14 @@ def run_sweep(preset="qwen2.5-7b", gpus=None, gpu_memory=None, batch_per_gpu=8, 
     return result
 
 
-def _with_ratios(result):
+def finished_case(run) -> dict:
+    """What a result file keeps of a finished case's run folder: summary, resolved config, per-step metrics, the
+    mean DeepSpeed timers after warm-up and labs.memory's prediction (computed now, from the run's configuration)."""
+    return dict(status="ok", summary=run.summary, ds_config=run.ds_config, metrics=run.metrics,
+                timers_ms=_mean_timers(run.metrics, warmup=2), predicted=_predicted(run))
+
+
+def with_ratios(result):
     cases = result["cases"]
     ok = {n for n, c in cases.items() if c.get("status") == "ok"}
     result["ratios"] = {f"{a} / {b}": cases[a]["summary"]["tokens_per_s_per_gpu"] / cases[b]["summary"]["tokens_per_s_per_gpu"]

@@ -53,8 +53,7 @@ def deepspeed(params, layout, dims, stage, world, d, mixed, state_bytes, offload
     gpu_share = sum(on_gpu) / partition if on_gpu else 0.0
     optimizer_gpu = gpu_share * optimizer_rank if offload_optimizer else optimizer_rank
     host, nvme, staging_gpu = _offloaded_optimizer(layout, dims, stage, d, partition, optimizer_rank,
-                                                   offload_optimizer, z3 if stage == 3 else None, knobs)
-    host -= gpu_share * (optimizer_rank + 4 * partition)
+                                                   offload_optimizer, z3 if stage == 3 else None, knobs, gpu_share)
     if offload_param:
         if offload_param == "nvme":
             nvme += params_rank
@@ -117,8 +116,8 @@ def deepspeed(params, layout, dims, stage, world, d, mixed, state_bytes, offload
 def _gpu_sub_groups(z3: dict, knobs: dict) -> list[int]:
     """The optimizer sub-groups (elements) that ZeRO-3 steps on the GPU under partial offload: DeepSpeed 0.19.8
     (stage3.py, `subgroup_to_device`) keeps sub-group i on the GPU while i < int((1 - ratio) x sub-groups)."""
-    groups = z3.get("sub_groups") or [z3["largest_sub_group"]]
-    return groups[:int((1 - knobs.get("offload_ratio", 1.0)) * len(groups))]
+    groups = z3["sub_groups"]
+    return groups[:int((1 - knobs["offload_ratio"]) * len(groups))]
 
 
 def reduce_bucket_bytes(knobs: dict, dtype_bytes: int, stage: int = 2) -> int:
@@ -136,7 +135,8 @@ def reduce_bucket_bytes(knobs: dict, dtype_bytes: int, stage: int = 2) -> int:
 NVME_OPTIMIZER_BUFFERS = 4
 
 
-def _offloaded_optimizer(layout, dims, stage, d, partition, optimizer_rank, offload_optimizer, z3, knobs):
+def _offloaded_optimizer(layout, dims, stage, d, partition, optimizer_rank, offload_optimizer, z3, knobs,
+                         gpu_share=0.0):
     """Bytes per rank that an offloaded optimizer puts on the host and on NVMe, and the staging buffer it keeps on
     the GPU: (host, nvme, staging_gpu). From DeepSpeed 0.19.8's allocations:
     - CPU Adam steps the fp32 master partition and its states (optimizer_rank) with an fp32 gradient partition (4
@@ -147,7 +147,9 @@ def _offloaded_optimizer(layout, dims, stage, d, partition, optimizer_rank, offl
       (GPU), each the size of the largest parameter (unknown, so 0, with only a parameter count).
     - NVMe at ZeRO-3 (ZeRO-Infinity) swaps the master, the states and the fp32 gradients to the drive; the host
       keeps the bf16 gradient partition, one sub-group's fp32 gradient buffer and the swap buffers (each one
-      sub-group of fp32; with only a parameter count, a sub-group is sub_group_size elements)."""
+      sub-group of fp32; with only a parameter count, a sub-group is sub_group_size elements).
+    - ZeRO-3 partial offload: the `gpu_share` of the partition in the GPU's sub-groups keeps its master, states and fp32
+      gradient on the GPU, not the host."""
     if not offload_optimizer:
         return 0, 0, 0
     staging = d * max(n for _, n in layout) if dims and stage in (1, 2) else 0
@@ -155,7 +157,7 @@ def _offloaded_optimizer(layout, dims, stage, d, partition, optimizer_rank, offl
         sub_group = z3["largest_sub_group"] if dims else min(partition, knobs["sub_group_size"])
         host = d * partition + 4 * sub_group * (1 + NVME_OPTIMIZER_BUFFERS)
         return host, optimizer_rank + 4 * partition, 0
-    return optimizer_rank + (4 + d) * partition + staging, 0, staging
+    return (1 - gpu_share) * (optimizer_rank + 4 * partition) + d * partition + staging, 0, staging
 
 
 def fsdp2(params, layout, dims, stage, world, d, mixed, state_bytes, offload_optimizer, offload_param, knobs, acts,
