@@ -50,6 +50,20 @@ def test_offload_variants_change_one_lever_each():
         compose("labs-zero2-nvme")
 
 
+def test_stage_only_is_the_autotuners_zero_block_and_nothing_else():
+    """stageonly keeps labs' config but cuts zero_optimization to its stage: what DeepSpeed's autotuner (fast mode)
+    runs each candidate with (labs.bench.autotune.tuner_config + the autotuner's run_tuning_micro_batch_sizes)."""
+    from labs import CONFIGS
+    from labs.bench.cases import compose
+    for stage in (2, 3):
+        base = json.loads((CONFIGS / compose(f"labs-zero{stage}-mb4")[1]["config"]).read_text())
+        cut = json.loads((CONFIGS / compose(f"labs-zero{stage}-stageonly-mb4")[1]["config"]).read_text())
+        assert cut == {**base, "zero_optimization": {"stage": stage}} and len(base["zero_optimization"]) > 1
+    base = json.loads((CONFIGS / compose("stock-zero2-mb8")[1]["config"]).read_text())
+    cut = json.loads((CONFIGS / compose("stock-zero2-stageonly-mb8")[1]["config"]).read_text())
+    assert cut == {**base, "zero_optimization": {"stage": 2}}
+
+
 RECORDED = results.load_all()
 
 

@@ -13,7 +13,8 @@ A composed case is `SIDE-ENGINE[-OPTION...]`:
             offload (optimizer to the CPU: DeepSpeed's CPU Adam), offloadhalf (ZeRO-3: half of the optimizer to
             the CPU, the other half stepped on the GPU: offload_optimizer.ratio 0.5), nvme (ZeRO-3: the optimizer
             state on the disk under /tmp/labs-nvme, which must exist; swapped through CPU Adam), zenflow (ZeRO-2 offload with ZenFlow's overlapped,
-            top-k selective CPU step), superoffload (ZeRO-3 offload with SuperOffload), gpusN (ranks),
+            top-k selective CPU step), superoffload (ZeRO-3 offload with SuperOffload), stageonly (ZeRO-2/3 with
+            the zero_optimization block cut to its stage, as DeepSpeed's autotuner runs its candidates), gpusN (ranks),
             compile (torch.compile of each decoder layer), sdpa-cudnn | sdpa-flash (attention backend),
             fp8 (torchao float8 training of the decoder layers' matmuls; FSDP2 only; a different numeric recipe)
 e.g. `stock-zero3-ckfull-mb8`, `labs-fsdp2-ck14-mb4-ga2`. One option changes one lever, so a case differs from its
@@ -84,7 +85,8 @@ SIDES = {
     "stock": dict(stock=True, fast=False, checkpointing="full",
                   configs={"zero2": "bench/stock_zero2.json", "zero3": "bench/stock_zero3.json",
                            "fsdp2": "bench/stock_zero3.json"},
-                  offload={"zero2": "bench/stock_zero2_offload.json", "zero3": "bench/stock_zero3_offload.json"}),
+                  offload={"zero2": "bench/stock_zero2_offload.json", "zero3": "bench/stock_zero3_offload.json"},
+                  stageonly={"zero2": "bench/stock_zero2_stage_only.json"}),
     "labs": dict(stock=False, fast=True, checkpointing="none",
                  configs={"zero1": "bench/labs_zero1.json", "zero2": "bench/labs_zero2.json",
                           "zero3": "bench/labs_zero3.json", "fsdp2": "bench/labs_zero3.json"},
@@ -92,10 +94,11 @@ SIDES = {
                  offloadhalf={"zero3": "bench/labs_zero3_offload_half.json"},
                  nvme={"zero3": "bench/labs_zero3_offload_nvme.json"},
                  zenflow={"zero2": "bench/labs_zero2_offload_zenflow.json"},
-                 superoffload={"zero3": "bench/labs_zero3_offload_super.json"}),
+                 superoffload={"zero3": "bench/labs_zero3_offload_super.json"},
+                 stageonly={"zero2": "bench/labs_zero2_stage_only.json", "zero3": "bench/labs_zero3_stage_only.json"}),
 }
 _OPTION = re.compile(r"ck(full|none|\d+)|mb(\d+)|ga(\d+)|gpus(\d+)|compile|fp8|offloadhalf|offload|nvme|zenflow"
-                     r"|superoffload"
+                     r"|superoffload|stageonly"
                      r"|sdpa-(cudnn|flash|efficient)")
 
 
@@ -114,7 +117,7 @@ def compose(name: str) -> tuple[str, dict]:
         match = _OPTION.fullmatch(option)
         if not match:
             raise LabsError(f"bench case '{name}': unknown option '{option}' (ckfull, cknone, ckK, mbN, gaN, gpusN, "
-                            "compile, fp8, offload, offloadhalf, nvme, zenflow, superoffload, sdpa-cudnn, sdpa-flash)")
+                            "compile, fp8, offload, offloadhalf, nvme, zenflow, superoffload, stageonly, sdpa-cudnn, sdpa-flash)")
         if match.group(1):
             launch["activation_checkpointing"] = match.group(1)
         elif match.group(2):
@@ -125,7 +128,7 @@ def compose(name: str) -> tuple[str, dict]:
             launch["nproc"] = int(match.group(4))
         elif option in ("compile", "fp8"):
             launch[option] = True
-        elif option in ("offload", "offloadhalf", "nvme", "zenflow", "superoffload"):
+        elif option in ("offload", "offloadhalf", "nvme", "zenflow", "superoffload", "stageonly"):
             if engine not in spec.get(option, {}):
                 raise LabsError(f"bench case '{name}': {option} is defined for {side} with "
                                 f"{', '.join(spec.get(option, {})) or 'no engine'}")

@@ -1,0 +1,223 @@
+"""`labs autotune`: DeepSpeed's own autotuner (`deepspeed --autotuning tune`, DeepSpeed 0.19.8) driving labs'
+training loop, and what it found.
+
+    from labs.bench import autotune
+    found = autotune.run(preset="tiny", config="zero3.json", stages=(3,), micro_batches=(1, 2), batch_per_gpu=2,
+                         nproc=1, out="runs/autotune")
+    found["experiments"]      # one row per candidate: stage, micro-batch, accumulation, tokens/s, labs' peak, error
+    found["pick"]             # the autotuner's choice (its ds_config_optimal.json)
+
+The autotuner starts one short training per candidate and keeps the fastest by DeepSpeed's own timers. labs gives it
+- a config whose `train_micro_batch_size_per_gpu` is the list to try, with accumulation 1 and
+  `zero_optimization.stage` the list of stages. The autotuner then runs micro-batch m with accumulation
+  max(list) // m: with every m dividing `batch_per_gpu` = max(list), each candidate trains the same sequences per
+  optimizer step (like for like);
+- labs/bench/autotune_rank.py, the script each experiment's ranks run: labs' training loop with that config.
+What a user should know about what it tunes, read from its source and checked by the tests:
+- each experiment's `zero_optimization` is the stage alone, {"stage": N}: every other key of the config
+  (overlap_comm, bucket sizes, offload) is dropped, so the candidates run DeepSpeed's defaults for them;
+- it first runs a model-info profile (one forward at micro-batch 1), then the candidates one after another;
+- its metric is samples/s from DeepSpeed's forward, backward and step timers over steps start..end.
+labs keeps each experiment's own step times and peak memory (metrics.jsonl) beside the autotuner's figure.
+Its clean-up step calls `pdsh -w HOST pkill -f NAME`; on one host labs puts a `pdsh` that does nothing first on the
+PATH: the experiment's ranks are already gone with its launcher, and a pkill by name could hit processes labs did
+not start. Several hosts are not supported here.
+"""
+from __future__ import annotations
+
+import json
+import random
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from labs import env as env_lib
+from labs import launch, runfolder, supervisor
+from labs.errors import LabsError, RankFailed
+from labs.table import Table
+
+RANK_SCRIPT = Path(__file__).with_name("autotune_rank.py")
+STAGES = (1, 2, 3)
+SHIMS = {"pdsh": "#!/bin/sh\n# labs: the autotuner's clean-up (pdsh ... pkill -f NAME) is not needed on one host\n"
+                 "exit 0\n",
+         # the autotuner starts each experiment as `deepspeed ...`: DeepSpeed may be importable without its script
+         "deepspeed": f"#!/bin/sh\nexec '{sys.executable}' -m deepspeed.launcher.runner \"$@\"\n"}
+
+
+def check(stages, micro_batches, batch_per_gpu) -> tuple[list[int], list[int]]:
+    stages, micro_batches = sorted(set(stages)), sorted(set(micro_batches))
+    if not stages or any(s not in STAGES for s in stages):
+        raise LabsError(f"--stages {','.join(map(str, stages))}: each must be one of {', '.join(map(str, STAGES))}")
+    if not micro_batches or any(m < 1 or batch_per_gpu % m for m in micro_batches) or \
+            max(micro_batches) != batch_per_gpu:
+        raise LabsError(f"--micro-batches {','.join(map(str, micro_batches))}: each must divide --batch-per-gpu "
+                        f"{batch_per_gpu}, the largest equal to it (every candidate trains the same batch)")
+    return stages, micro_batches
+
+
+def tuner_config(resolved: dict, stages, micro_batches, work: Path, start_step: int, end_step: int) -> dict:
+    """The config the autotuner reads: labs' resolved config with the lists to tune and the autotuning block."""
+    config = {k: v for k, v in resolved.items() if k != "train_batch_size"}
+    config["train_micro_batch_size_per_gpu"] = list(micro_batches)
+    config["gradient_accumulation_steps"] = 1
+    config["zero_optimization"] = {**resolved.get("zero_optimization", {}), "stage": list(stages)}
+    config["autotuning"] = {"enabled": True, "fast": True, "metric": "throughput", "overwrite": False,
+                            "start_profile_step": start_step, "end_profile_step": end_step,
+                            "results_dir": str(work / "results"), "exps_dir": str(work / "exps")}
+    return config
+
+
+def run(preset="tiny", config="zero3.json", stages=(2, 3), micro_batches=(1, 2, 4, 8), batch_per_gpu=8, nproc=None,
+        out="runs/autotune", start_step=3, end_step=5, stream=True, **train_options) -> dict:
+    """Run the autotuner over `stages` x `micro_batches` at `batch_per_gpu` sequences per GPU per optimizer step;
+    `train_options` are labs.launch.inputs' (loss, kernels, activation_checkpointing, seq_len, gpu_memory, ...).
+    Writes `out` (a labs run folder: autotune.json, the autotuner's results/ and log) and returns autotune.json."""
+    stages, micro_batches = check(stages, micro_batches, batch_per_gpu)
+    if not 1 <= start_step <= end_step:
+        raise LabsError(f"profiled steps {start_step}..{end_step}: need 1 <= start <= end")
+    spec, resolved = launch.prepare(preset=preset, config=config, steps=end_step + 1, out=out, nproc=nproc,
+                                    micro_batch=max(micro_batches), grad_accum=1, memory_check=False,
+                                    instruments=(), **train_options)
+    if spec["engine"] != "deepspeed" or spec.get("nodes"):
+        raise LabsError(f"--config {config}: the autotuner tunes DeepSpeed ZeRO on one host; this is {spec['engine']}")
+    spec["progress"] = "lines"
+    with runfolder.claim(Path(spec["out"])) as work:
+        base, shims = work / "base", work / "bin"
+        base.mkdir()
+        shims.mkdir()
+        (base / "run.json").write_text(json.dumps(spec, indent=1) + "\n")
+        user_config = base / "autotune_config.json"
+        user_config.write_text(json.dumps(tuner_config(resolved, stages, micro_batches, work, start_step, end_step),
+                                          indent=1) + "\n")
+        for name, text in SHIMS.items():
+            (shims / name).write_text(text)
+            (shims / name).chmod(0o755)
+        env, _ = env_lib.repaired_environment(spec["nproc"], False)
+        env["PYTHONPATH"] = env_lib.importable_path(env)
+        env["PATH"] = f"{shims}:{env.get('PATH', '')}"
+        if spec["device"] == "cpu":
+            # DeepSpeed's CPU accelerator counts its "devices" as NUMA nodes unless LOCAL_SIZE says otherwise
+            env.update(env_lib.CPU_ONLY, LOCAL_SIZE=str(spec["nproc"]))
+        command = [sys.executable, "-m", "deepspeed.launcher.runner", "--autotuning", "tune",
+                   f"--num_gpus={spec['nproc']}", f"--master_port={_free_port_range(64)}", str(RANK_SCRIPT),
+                   str(base), "--deepspeed_config", str(user_config)]
+        (work / "command.txt").write_text(" ".join(command) + "\n")
+        started = time.perf_counter()
+        log = work / "autotune.log"
+        with _progress(log, 1 + len(stages) * len(micro_batches), stream):
+            code = supervisor.run(command, env, log, echo=False)
+        if code != 0 or not (work / "results" / "ds_config_optimal.json").exists():
+            tail = log.read_text(errors="replace")[-3000:]
+            raise RankFailed(f"the autotuner exited with code {code} without an optimal config; its log ended:\n{tail}")
+        found = collect(work / "results", spec)
+        found.update(command=f"labs autotune (labs.bench.autotune.run): preset {preset}, config {config}, stages "
+                             f"{stages}, micro-batches {micro_batches}, {batch_per_gpu} sequences per GPU per step",
+                     seconds=time.perf_counter() - started, preset=preset, gpus=spec["nproc"], seq_len=spec["seq_len"],
+                     batch_per_gpu=batch_per_gpu, profiled_steps=[start_step, end_step],
+                     options={k: spec[k] for k in ("loss", "kernels", "activation_checkpointing", "stock",
+                                                    "gpu_memory_bytes")},
+                     measured=time.strftime("%Y-%m-%dT%H:%M:%S%z"), versions=env_lib.versions())
+        (work / "autotune.json").write_text(json.dumps(found, indent=1) + "\n")
+        runfolder.publish(work, Path(spec["out"]))
+    return found
+
+
+def collect(results: Path, spec: dict) -> dict:
+    """Every experiment of an autotuner results folder, with the autotuner's pick and the model-info run."""
+    rows, model_info = [], None
+    for exp_dir in sorted(p for p in results.iterdir() if (p / "exp.json").exists()):
+        exp = json.loads((exp_dir / "exp.json").read_text())
+        if exp["name"] == "profile_model_info":
+            info = exp_dir / "model_info.json"
+            model_info = json.loads(info.read_text()) if info.exists() else None
+            continue
+        rows.append(experiment_row(exp_dir, exp["ds_config"], spec))
+    optimal = json.loads((results / "ds_config_optimal.json").read_text())
+    pick = next(r for r in rows if (r["stage"], r["micro_batch"]) ==
+                (optimal["zero_optimization"]["stage"], optimal["train_micro_batch_size_per_gpu"]))
+    return dict(experiments=rows, pick=pick["name"], model_info=model_info)
+
+
+def experiment_row(exp_dir: Path, ds_config: dict, spec: dict) -> dict:
+    """One candidate: the autotuner's throughput (as tokens/s per GPU), labs' step times and peak, or its error."""
+    gpus = spec["nproc"]
+    row = dict(name=exp_dir.name, stage=ds_config["zero_optimization"]["stage"],
+               micro_batch=ds_config["train_micro_batch_size_per_gpu"],
+               grad_accum=ds_config["gradient_accumulation_steps"], zero_keys=sorted(ds_config["zero_optimization"]))
+    metrics = exp_dir / "metrics.json"
+    if metrics.exists():
+        tuner = json.loads(metrics.read_text())
+        row.update(tokens_per_s_per_gpu=tuner["throughput"] * spec["seq_len"] / gpus, step_s=tuner["latency"] / 1e6)
+    else:
+        errors = [p.read_text(errors="replace").strip() for p in [exp_dir / "stderr.log"] if p.exists()]
+        row["error"] = (errors[0].splitlines() or ["no metrics.json and an empty stderr.log"])[-1] if errors else \
+            "no stderr.log"
+    steps = exp_dir / "labs_run" / "metrics.jsonl"
+    records = [json.loads(line) for line in steps.read_text().splitlines()] if steps.exists() else []
+    if records:
+        timed = records[1:] or records          # the first step warms up
+        middle = sorted(timed, key=lambda r: r["step_time_s"])[len(timed) // 2]
+        row.update(labs_step_s=middle["step_time_s"], labs_tokens_per_s_per_gpu=middle["tokens_per_s_per_gpu"],
+                   labs_steps=len(records), memory_kind=records[0]["memory_kind"],
+                   peak_gib=max(max(r["peak_memory_bytes"]) for r in records) / 2**30)
+    return row
+
+
+def table(found: dict) -> Table:
+    """The experiments as a table (a value an experiment did not produce shows as "-")."""
+    def value(key, spec):
+        return lambda row: format(row[key], spec) if key in row else "-"
+
+    return Table(found["experiments"], [
+        ("experiment", "name", ""), ("stage", "stage", ""), ("micro-batch", "micro_batch", ""),
+        ("accum.", "grad_accum", ""), ("tokens/s/GPU (autotuner)", value("tokens_per_s_per_gpu", ",.0f"), ""),
+        ("tokens/s/GPU (labs)", value("labs_tokens_per_s_per_gpu", ",.0f"), ""), ("peak GiB", value("peak_gib", ".1f"), ""),
+        ("error", lambda row: row.get("error", "")[:80], "")])
+
+
+def _free_port_range(count: int) -> int:
+    """A base port whose next `count` ports are free now (the autotuner gives experiment k the port base + k)."""
+    for _ in range(100):
+        base = random.randrange(20000, 60000 - count)
+        if all(_port_free(base + k) for k in range(count)):
+            return base
+    raise LabsError("no free range of local ports for the autotuner's experiments")
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+class _progress:
+    """A tqdm bar over the autotuner's experiments, advanced from its log ("Done running exp_id = ...")."""
+    def __init__(self, log: Path, total: int, show: bool):
+        self.log, self.total, self.show, self.stop = log, total, show, threading.Event()
+
+    def __enter__(self):
+        if self.show:
+            self.thread = threading.Thread(target=self._watch, daemon=True)
+            self.thread.start()
+        return self
+
+    def _watch(self):
+        with tqdm(total=self.total, desc="autotuner experiments", unit="exp") as bar:
+            while True:
+                stopping = self.stop.wait(1.0)
+                done = self.log.read_text(errors="replace").count("Done running exp_id") if self.log.exists() else 0
+                bar.update(min(done, self.total) - bar.n)
+                if stopping:
+                    return
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        if self.show:
+            self.thread.join()
