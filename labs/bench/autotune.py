@@ -127,7 +127,8 @@ def run(preset="tiny", config="zero3.json", stages=(2, 3), micro_batches=(1, 2, 
 
 
 def collect(results: Path, spec: dict) -> dict:
-    """Every experiment of an autotuner results folder, with the autotuner's pick and the model-info run."""
+    """Every experiment of an autotuner results folder, with the autotuner's pick (None if it never chose) and the
+    model-info run."""
     rows, model_info = [], None
     for exp_dir in sorted(p for p in results.iterdir() if (p / "exp.json").exists()):
         exp = json.loads((exp_dir / "exp.json").read_text())
@@ -136,7 +137,10 @@ def collect(results: Path, spec: dict) -> dict:
             model_info = json.loads(info.read_text()) if info.exists() else None
             continue
         rows.append(experiment_row(exp_dir, exp["ds_config"], spec))
-    optimal = json.loads((results / "ds_config_optimal.json").read_text())
+    optimal_file = results / "ds_config_optimal.json"
+    if not optimal_file.exists():                # the autotuner was stopped before it chose
+        return dict(experiments=rows, pick=None, model_info=model_info)
+    optimal = json.loads(optimal_file.read_text())
     pick = next(r for r in rows if (r["stage"], r["micro_batch"]) ==
                 (optimal["zero_optimization"]["stage"], optimal["train_micro_batch_size_per_gpu"]))
     return dict(experiments=rows, pick=pick["name"], model_info=model_info)
@@ -153,9 +157,9 @@ def experiment_row(exp_dir: Path, ds_config: dict, spec: dict) -> dict:
         tuner = json.loads(metrics.read_text())
         row.update(tokens_per_s_per_gpu=tuner["throughput"] * spec["seq_len"] / gpus, step_s=tuner["latency"] / 1e6)
     else:
-        errors = [p.read_text(errors="replace").strip() for p in [exp_dir / "stderr.log"] if p.exists()]
-        row["error"] = (errors[0].splitlines() or ["no metrics.json and an empty stderr.log"])[-1] if errors else \
-            "no stderr.log"
+        stderr = exp_dir / "stderr.log"
+        lines = stderr.read_text(errors="replace").strip().splitlines() if stderr.exists() else []
+        row["error"] = lines[-1] if lines else "no metrics.json: stopped before its profiled steps ended"
     steps = exp_dir / "labs_run" / "metrics.jsonl"
     records = [json.loads(line) for line in steps.read_text().splitlines()] if steps.exists() else []
     if records:

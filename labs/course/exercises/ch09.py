@@ -3,7 +3,7 @@ answer is the measurement in the committed GPU results (or labs' formula where t
 tolerance is what the reasoning can be expected to reach."""
 from labs import memory, models
 from labs.bench import results
-from labs.course import gpu_report
+from labs.course import autotune_report, gpu_report
 from labs.course.exercises.registry import exercise
 from labs.memory import activations
 
@@ -73,3 +73,14 @@ def stock_loss_saving_predicted_gib() -> float:
     """What chapter 1's accounting predicts for 09.3: the stock loss's worst moment minus Liger's."""
     hf, liger = (sum(activations.loss_bytes(QWEN, loss, 2, 4096).values()) for loss in ("hf", "liger"))
     return (hf - liger) / 2**30
+
+
+@exercise("09.7", "Run s's table gives labs' measured ZeRO-2 peaks at micro-batch 1, 2 and 4 (3B shape, no "
+          "checkpointing, Liger's loss). Predict the peak at micro-batch 8 in GiB from how the peak grows with the "
+          "micro-batch, before reading labs.memory's column: would the autotuner's micro-batch 8 fit in the H200's "
+          "139.8 GiB?", "GiB", rel=0.05,
+          hint="without checkpointing each sequence adds the same activations; the optimizer and weights do not grow. "
+               "Extend the step from micro-batch 2 to 4 by four more sequences")
+def _micro_batch_8_peak():
+    return next(r for r in autotune_report.experiments(autotune_report.LABS_RUN)
+                if r["micro_batch"] == 8)["predicted_gib"]

@@ -1,0 +1,75 @@
+"""Chapter 9's readings of round 6 (one H200, Qwen2.5-3B shape, 8 sequences of 4,096 tokens per GPU per step):
+DeepSpeed's autotuner on labs' loop (`labs autotune`, runs s and v) against labs' planner, whose picks the
+`labs bench` invocations t, u and w measured. Every figure is read from the files in results/gpu.
+
+    autotune_report.experiments(autotune_report.LABS_RUN)   # the autotuner's candidates, with labs.memory's peak
+    autotune_report.autotuner_estimate(autotune_report.LABS_RUN)   # what its own memory model assumed
+    autotune_report.planner_picks()                         # labs' planner for the same GPU, with zero runs
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from labs import RESULTS, memory
+from labs.bench import planner
+from labs.course import gpu_report
+
+LABS_RUN = RESULTS / "gpu" / "2026-12-02_s_autotune_3b_1xh200"       # Liger loss and kernels, no checkpointing
+STOCK_RUN = RESULTS / "gpu" / "2026-12-02_v_autotune_stock_3b_1xh200"  # HF's loss, kernels and full checkpointing
+BENCH = dict(neighbours="t_autotune_neighbours_3b_1xh200", repeat="u_autotune_neighbours_repeat_3b_1xh200",
+             best="w_autotune_best_3b_1xh200")
+GPU_MEMORY = "H200"
+
+
+def found(folder: Path) -> dict:
+    return json.loads((folder / "autotune.json").read_text())
+
+
+def experiments(folder: Path) -> list[dict]:
+    """The autotuner's candidates, each with labs.memory's peak for the config the autotuner really ran."""
+    run = found(folder)
+    rows = []
+    for row in run["experiments"]:
+        config = json.loads((folder / "results" / row["name"] / "ds_config.json").read_text())
+        options = run["options"]
+        predicted = memory.estimate(run["preset"], gpus_per_node=run["gpus"], seq_len=run["seq_len"],
+                                    micro_batch=row["micro_batch"], grad_accum=row["grad_accum"],
+                                    activation_checkpointing=options["activation_checkpointing"],
+                                    loss=options["loss"], kernels=options["kernels"], ds_config=config)
+        usable = memory.usable_bytes(memory.parse_bytes(GPU_MEMORY))
+        rows.append(dict(row, predicted_gib=predicted.total_per_gpu_bytes / 2**30,
+                         memory_says_fits=predicted.total_per_gpu_bytes <= usable,
+                         outcome="out of memory" if "OutOfMemoryError" in row.get("error", "") else
+                         ("stopped" if "error" in row else "ran")))
+    return rows
+
+
+def autotuner_estimate(folder: Path) -> dict:
+    """What the autotuner's own memory model assumed, from its log: activation bytes of one sequence, and per stage
+    the memory it requires and the largest micro-batch it expects to fit (or that it skipped the stage)."""
+    log = (folder / "autotune.log").read_text(errors="replace")
+    activation = re.search(r"requires at least ([\d.]+) GB activation memory for micro batch size 1", log)
+    stages = {}
+    for stage, required in re.findall(r"runable with ZERO (\d) \(which requires at least ([\d.]+) GB", log):
+        stages[int(stage)] = dict(required_gb=float(required))
+    for stage, largest in re.findall(r"Start tuning for space z(\d), calculated_max_micro_batch_size = (\d+)", log):
+        stages[int(stage)]["largest_micro_batch"] = int(largest)
+    for stage in re.findall(r"No need to tune Zero stage (\d)", log):
+        stages[int(stage)]["skipped"] = True
+    return dict(activation_gb_per_sequence=float(activation.group(1)), stages=stages)
+
+
+def bench_rows(name: str) -> dict[str, dict]:
+    return {r["case"]: r for r in gpu_report.case_rows(BENCH[name]) if r["status"] == "ok"}
+
+
+def planner_picks(batch_per_gpu=8) -> dict[str, dict]:
+    """labs' planner for this GPU and batch, with zero trial runs: each side's first choice, and labs' first choice
+    within the autotuner's space (DeepSpeed ZeRO-2/3, no checkpointing: what run s tried)."""
+    plans = planner.plan("qwen2.5-3b", gpus=1, gpu_memory=GPU_MEMORY, batch_per_gpu=batch_per_gpu)
+    first = {side: next(p for p in plans if p["side"] == side) for side in ("stock", "labs")}
+    first["labs, autotuner's space"] = next(p for p in plans if p["side"] == "labs" and "-zero" in p["case"]
+                                            and "-cknone-" in p["case"])
+    return first
