@@ -178,5 +178,14 @@ def test_readme_quotes_the_recorded_round_2_numbers():
                  f"({results.estimate_for(half_row).total_per_gpu_bytes / 2**30:.1f} GiB against {half['peak_gib']:.1f}",
                  f"runs at {q['labs-zero3-nvme-mb8-gpus1']['tokens_per_s_per_gpu'] / q['labs-zero3-offload-mb8-gpus1']['tokens_per_s_per_gpu']:.3f}x",
                  f"runs {t[16] / t[8]:.2f}x 8 threads and {t[16] / t[4]:.2f}x 4"]
+    from labs.course import autotune_report as ar
+    s_run, (t_rows, u_rows, w_rows) = ar.found(ar.LABS_RUN), (ar.bench_rows(n) for n in ("neighbours", "repeat", "best"))
+    pick, cut, stock = ("labs-fsdp2-cknone-mb4-ga2-gpus1", "labs-zero2-stageonly-cknone-mb4-ga2-gpus1",
+                        "stock-zero2-stageonly-ckfull-mb8-ga1-gpus1")
+    expected += [f"four candidates ({s_run['seconds']:.0f} s", f"ran {t_rows[pick]['tokens_per_s_per_gpu'] / t_rows[cut]['tokens_per_s_per_gpu']:.3f}x",
+                 f"({u_rows[pick]['tokens_per_s_per_gpu'] / u_rows[cut]['tokens_per_s_per_gpu']:.3f}x and "
+                 f"{w_rows[pick]['tokens_per_s_per_gpu'] / w_rows[cut]['tokens_per_s_per_gpu']:.3f}x",
+                 f"pick ran {w_rows[pick]['tokens_per_s_per_gpu'] / w_rows[stock]['tokens_per_s_per_gpu']:.2f}x in one"]
+    assert len(s_run["experiments"]) == 4 and s_run["pick"] == "z2_gas2_tmbspg4"
     missing = [figure for figure in expected if figure not in table]
     assert not missing, missing
