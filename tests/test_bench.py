@@ -189,3 +189,26 @@ def test_readme_quotes_the_recorded_round_2_numbers():
     assert len(s_run["experiments"]) == 4 and s_run["pick"] == "z2_gas2_tmbspg4"
     missing = [figure for figure in expected if figure not in table]
     assert not missing, missing
+
+
+def test_planner_scales_by_flops_per_sequence_and_keeps_its_ranking():
+    """compute_scale is 1 where the model was fitted; for another preset every term scales alike, so the order of
+    its candidates is the unscaled order, and the 3B predictions land near round 6's measurements (runs t, u, w)."""
+    from labs.bench import planner
+    from labs.course import autotune_report as ar
+    assert planner.compute_scale("qwen2.5-7b", 4096) == 1.0
+    assert planner.compute_scale("qwen2.5-3b", 2048) < planner.compute_scale("qwen2.5-3b", 4096) < 1.0
+    coefficients = planner.fit(results.rows(RECORDED))["coefficients"]
+    args = [("fsdp2", "liger", 4, 2, 0), ("zero2", "liger", 8, 1, 9), ("zero3", "stock", 2, 4, 36),
+            ("zero2", "stock", 1, 8, 0)]
+    orders = []
+    for scale in (1.0, 0.47):
+        steps = [planner.predict_step_seconds(coefficients, *a, layers=36, params=3_085_938_688, gpus=1, scale=scale)
+                 for a in args]
+        orders.append(sorted(range(len(args)), key=steps.__getitem__))
+    assert orders[0] == orders[1]
+    predicted = {p["case"]: p["predicted_tokens_per_s_per_gpu"] for p in planner.plan("qwen2.5-3b", gpus=1)}
+    for name in ar.BENCH:
+        for case, row in ar.bench_rows(name).items():
+            ratio = predicted[case.replace("-gpus1", "").replace("stageonly-", "")] / row["tokens_per_s_per_gpu"]
+            assert 0.9 < ratio < 1.1, (name, case, ratio)

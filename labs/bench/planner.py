@@ -25,6 +25,7 @@ from labs.errors import LabsError
 ENGINES = ("zero1", "zero2", "zero3", "fsdp2")
 SIDES = ("stock", "liger")             # the kernels and loss: stock HF, or Liger's fused ones
 OPTIMIZER_BYTES_PER_PARAM, HBM_BYTES_PER_S = 32, 3.0e12
+FITTED_PRESET, FITTED_SEQ_LEN = "qwen2.5-7b", 4096     # what every fitted run trained
 
 
 def features(engine: str, kernels: str, micro_batch: int, grad_accum: int, checkpointed: int, layers: int) -> list:
@@ -52,12 +53,13 @@ def _engine(row: dict) -> str:
 def fit(rows: list[dict]) -> dict:
     """Least-squares coefficients (none negative) from measured rows of labs.bench.results (GPU-resident runs)."""
     # GPU-resident bf16 runs of the stock kernels or Liger's; levers the model has no term for are left out
-    used = [r for r in rows if "offload" not in r["case"] and r["preset"] == "qwen2.5-7b" and not r["fp8"]
+    used = [r for r in rows if "offload" not in r["case"] and r["preset"] == FITTED_PRESET and not r["fp8"]
+            and r["seq_len"] == FITTED_SEQ_LEN
             and not r["compile"] and r["sdpa"] == "default" and r["precision"] == "bf16"]
     if not used:
         raise LabsError("no recorded GPU runs to fit the cost model to (results/gpu/*.json)")
-    layers = models.shape("qwen2.5-7b")["num_hidden_layers"]
-    params = models.param_counts(models.shape("qwen2.5-7b"))["total"]
+    layers = models.shape(FITTED_PRESET)["num_hidden_layers"]
+    params = models.param_counts(models.shape(FITTED_PRESET))["total"]
     a = np.array([features(_engine(r), r["kernels"], r["micro_batch"], r["grad_accum"],
                            models.checkpointed_layers(r["checkpointing"], layers), layers) for r in used])
     b = np.array([r["step_s"] - optimizer_seconds(params, r["gpus"]) for r in used])
@@ -77,9 +79,17 @@ def fit(rows: list[dict]) -> dict:
                 runs=sorted({r["run"] for r in used}))
 
 
+def compute_scale(preset: str, seq_len: int) -> float:
+    """A sequence's training FLOPs for `preset` over one fitted sequence's (Qwen2.5-7B at 4,096 tokens). Every fitted
+    term (per sequence and per micro-step) is scaled by it for another model or length: compute follows the FLOPs,
+    and the per-micro-step gathers and hooks grow with the model too. The ranking within one preset is unchanged."""
+    return models.flops_per_token(models.shape(preset), seq_len) * seq_len / \
+        (models.flops_per_token(models.shape(FITTED_PRESET), FITTED_SEQ_LEN) * FITTED_SEQ_LEN)
+
+
 def predict_step_seconds(coefficients: dict, engine, kernels, micro_batch, grad_accum, checkpointed, layers, params,
-                         gpus) -> float:
-    x = np.array([coefficients[name] for name in unknowns()])
+                         gpus, scale: float = 1.0) -> float:
+    x = np.array([coefficients[name] * scale for name in unknowns()])
     return float(np.dot(features(engine, kernels, micro_batch, grad_accum, checkpointed, layers), x)) + \
         optimizer_seconds(params, gpus)
 
@@ -91,13 +101,14 @@ def plan(preset="qwen2.5-7b", gpus=2, gpu_memory="H200", batch_per_gpu=8, seq_le
     model = fit(rows)
     dims = models.shape(preset)
     layers, params = dims["num_hidden_layers"], models.param_counts(dims)["total"]
+    scale = compute_scale(preset, seq_len)
     plans = []
     for side in sides:
         for name, peak in sweep.fitting(sweep.candidates(side, batch_per_gpu, layers), preset, gpus, gpu_memory, seq_len):
             _, engine, ck, mb, ga = name.split("-")
             mb, ga = int(mb[2:]), int(ga[2:])
             step = predict_step_seconds(model["coefficients"], engine, "liger" if side == "labs" else "stock", mb, ga,
-                                        models.checkpointed_layers(ck[2:], layers), layers, params, gpus)
+                                        models.checkpointed_layers(ck[2:], layers), layers, params, gpus, scale)
             plans.append(dict(side=side, case=name, predicted_peak_gib=peak / memory.GiB, predicted_step_s=step,
                               predicted_tokens_per_s_per_gpu=batch_per_gpu * seq_len / step))
     return sorted(plans, key=lambda p: -p["predicted_tokens_per_s_per_gpu"])
