@@ -14,8 +14,9 @@ The autotuner starts one short training per candidate and keeps the fastest by D
   optimizer step (like for like);
 - labs/bench/autotune_rank.py, the script each experiment's ranks run: labs' training loop with that config.
 What a user should know about what it tunes, read from its source and checked by the tests:
-- each experiment's `zero_optimization` is the stage alone, {"stage": N}: every other key of the config
-  (overlap_comm, bucket sizes, offload) is dropped, so the candidates run DeepSpeed's defaults for them;
+- each experiment's `zero_optimization` is the stage alone, {"stage": N}: its micro-batch sweep (with `fast` on or
+  off) drops every other key the config had, overlap_comm and bucket sizes included, so the candidates run
+  DeepSpeed's defaults for them, and so does the optimal config it writes;
 - it first runs a model-info profile (one forward at micro-batch 1), then the candidates one after another;
 - its metric is samples/s from DeepSpeed's forward, backward and step timers over steps start..end.
 labs keeps each experiment's own step times and peak memory (metrics.jsonl) beside the autotuner's figure.

@@ -47,18 +47,21 @@ def experiments(folder: Path) -> list[dict]:
 
 
 def autotuner_estimate(folder: Path) -> dict:
-    """What the autotuner's own memory model assumed, from its log: activation bytes of one sequence, and per stage
-    the memory it requires and the largest micro-batch it expects to fit (or that it skipped the stage)."""
+    """What the autotuner's own memory model assumed, from its log (its "GB" are GiB: it divides by 1024^3): the
+    GPU's memory, one sequence's activations, and per stage the model states it counts (the memory it says a stage
+    requires minus one sequence's activations) and the largest micro-batch it expects to fit, or that it skipped
+    the stage. It counts Adam as 4 + 4 + 8 bytes per parameter whenever fp16 is off (bf16 included)."""
     log = (folder / "autotune.log").read_text(errors="replace")
-    activation = re.search(r"requires at least ([\d.]+) GB activation memory for micro batch size 1", log)
+    gpu = float(re.search(r"Memory per GPU in the system is ([\d.]+) GB", log).group(1))
+    activation = float(re.search(r"requires at least ([\d.]+) GB activation memory for micro batch size 1", log).group(1))
     stages = {}
     for stage, required in re.findall(r"runable with ZERO (\d) \(which requires at least ([\d.]+) GB", log):
-        stages[int(stage)] = dict(required_gb=float(required))
+        stages[int(stage)] = dict(states_gib=float(required) - activation)
     for stage, largest in re.findall(r"Start tuning for space z(\d), calculated_max_micro_batch_size = (\d+)", log):
         stages[int(stage)]["largest_micro_batch"] = int(largest)
     for stage in re.findall(r"No need to tune Zero stage (\d)", log):
         stages[int(stage)]["skipped"] = True
-    return dict(activation_gb_per_sequence=float(activation.group(1)), stages=stages)
+    return dict(gpu_gib=gpu, activation_gib_per_sequence=activation, stages=stages)
 
 
 def bench_rows(name: str) -> dict[str, dict]:
