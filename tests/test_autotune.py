@@ -1,5 +1,10 @@
 """`labs autotune`: DeepSpeed's autotuner over labs' training loop (labs.bench.autotune), on one CPU rank."""
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -49,3 +54,41 @@ def test_the_autotuner_runs_labs_loop_and_picks_its_fastest(tmp_path):
     assert found["pick"] == max(rows.values(), key=lambda r: r["tokens_per_s_per_gpu"])["name"]
     assert found["model_info"]["num_params"] == 9_822_784                # the tiny preset, counted by DeepSpeed
     assert (out / "results" / "ds_config_optimal.json").exists() and f"picked {found['pick']}" in result.stdout
+
+
+def _processes_naming(text: str) -> list[int]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmdline and str(os.getpid()) != pid:
+            found.append(int(pid))
+    return found
+
+
+def test_ctrl_c_stops_every_process_and_keeps_the_finished_candidates(tmp_path):
+    """Hours of trials are not thrown away: a stopped autotuner publishes what finished, marked incomplete."""
+    out = tmp_path / "tuned"
+    process = subprocess.Popen([sys.executable, "-m", "labs", "autotune", "--stages", "3", "--micro-batches", "1,2,4",
+                                "--batch-per-gpu", "4", "--nproc", "1", "--out", str(out)], cwd=ROOT,
+                               env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while not list(tmp_path.glob(".tuned.partial-*/results/z3_*/metrics.json")):
+        assert process.poll() is None and time.time() < deadline, process.communicate()
+        time.sleep(0.5)
+    work = next(tmp_path.glob(".tuned.partial-*"))
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 130, err[-2000:]
+    assert "finished candidates are kept in" in err.strip().splitlines()[-1]
+    stop = time.time()
+    while _processes_naming(str(work)) and time.time() - stop < 15:
+        time.sleep(0.2)
+    assert not _processes_naming(str(work)), "a process of the autotuner outlived it"
+    found = json.loads((out / "autotune.json").read_text())
+    assert found["complete"] is False and found["pick"] is None
+    assert any("tokens_per_s_per_gpu" in r for r in found["experiments"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tuned"]      # no partial folder or lock left behind

@@ -20,6 +20,8 @@ What a user should know about what it tunes, read from its source and checked by
 - it first runs a model-info profile (one forward at micro-batch 1), then the candidates one after another;
 - its metric is samples/s from DeepSpeed's forward, backward and step timers over steps start..end.
 labs keeps each experiment's own step times and peak memory (metrics.jsonl) beside the autotuner's figure.
+Stopped (Ctrl-C, SIGTERM) or failed, the autotuner's finished candidates are still published, with autotune.json's
+`complete` false and no pick: a long sweep is not lost with its last candidate.
 Its clean-up step calls `pdsh -w HOST pkill -f NAME`; on one host labs puts a `pdsh` that does nothing first on the
 PATH: the experiment's ranks are already gone with its launcher, and a pkill by name could hit processes labs did
 not start. Several hosts are not supported here.
@@ -38,7 +40,7 @@ from tqdm.auto import tqdm
 
 from labs import env as env_lib
 from labs import launch, runfolder, supervisor
-from labs.errors import LabsError, RankFailed
+from labs.errors import LabsError, RankFailed, RunStopped
 from labs.table import Table
 
 RANK_SCRIPT = Path(__file__).with_name("autotune_rank.py")
@@ -86,45 +88,71 @@ def run(preset="tiny", config="zero3.json", stages=(2, 3), micro_batches=(1, 2, 
     if spec["engine"] != "deepspeed" or spec.get("nodes"):
         raise LabsError(f"--config {config}: the autotuner tunes DeepSpeed ZeRO on one host; this is {spec['engine']}")
     spec["progress"] = "lines"
-    with runfolder.claim(Path(spec["out"])) as work:
-        base, shims = work / "base", work / "bin"
-        base.mkdir()
-        shims.mkdir()
-        (base / "run.json").write_text(json.dumps(spec, indent=1) + "\n")
-        user_config = base / "autotune_config.json"
-        user_config.write_text(json.dumps(tuner_config(resolved, stages, micro_batches, work, start_step, end_step),
-                                          indent=1) + "\n")
-        for name, text in SHIMS.items():
-            (shims / name).write_text(text)
-            (shims / name).chmod(0o755)
-        env, _ = env_lib.repaired_environment(spec["nproc"], False)
-        env["PYTHONPATH"] = env_lib.importable_path(env)
-        env["PATH"] = f"{shims}:{env.get('PATH', '')}"
-        if spec["device"] == "cpu":
-            # DeepSpeed's CPU accelerator counts its "devices" as NUMA nodes unless LOCAL_SIZE says otherwise
-            env.update(env_lib.CPU_ONLY, LOCAL_SIZE=str(spec["nproc"]))
-        command = [sys.executable, "-m", "deepspeed.launcher.runner", "--autotuning", "tune",
-                   f"--num_gpus={spec['nproc']}", f"--master_port={_free_port_range(64)}", str(RANK_SCRIPT),
-                   str(base), "--deepspeed_config", str(user_config)]
-        (work / "command.txt").write_text(" ".join(command) + "\n")
-        started = time.perf_counter()
-        log = work / "autotune.log"
-        with _progress(log, 1 + len(stages) * len(micro_batches), stream):
-            code = supervisor.run(command, env, log, echo=False)
+    out = Path(spec["out"])
+    about = dict(command=f"labs autotune (labs.bench.autotune.run): preset {preset}, config {config}, stages {stages}, "
+                         f"micro-batches {micro_batches}, {batch_per_gpu} sequences per GPU per step",
+                 preset=preset, gpus=spec["nproc"], seq_len=spec["seq_len"], batch_per_gpu=batch_per_gpu,
+                 profiled_steps=[start_step, end_step],
+                 options={k: spec[k] for k in ("loss", "kernels", "activation_checkpointing", "stock", "gpu_memory_bytes")})
+    with runfolder.claim(out) as work:
+        command, env = _prepare(work, spec, tuner_config(resolved, stages, micro_batches, work, start_step, end_step))
+        started, log = time.perf_counter(), work / "autotune.log"
+        try:
+            with _progress(log, 1 + len(stages) * len(micro_batches), stream):
+                code = supervisor.run(command, env, log, echo=False)
+        except (KeyboardInterrupt, RunStopped) as stop:
+            stop.kept = _keep_partial(work, out, spec, about, started)
+            raise
         if code != 0 or not (work / "results" / "ds_config_optimal.json").exists():
             tail = log.read_text(errors="replace")[-3000:]
-            raise RankFailed(f"the autotuner exited with code {code} without an optimal config; its log ended:\n{tail}")
-        found = collect(work / "results", spec)
-        found.update(command=f"labs autotune (labs.bench.autotune.run): preset {preset}, config {config}, stages "
-                             f"{stages}, micro-batches {micro_batches}, {batch_per_gpu} sequences per GPU per step",
-                     seconds=time.perf_counter() - started, preset=preset, gpus=spec["nproc"], seq_len=spec["seq_len"],
-                     batch_per_gpu=batch_per_gpu, profiled_steps=[start_step, end_step],
-                     options={k: spec[k] for k in ("loss", "kernels", "activation_checkpointing", "stock",
-                                                    "gpu_memory_bytes")},
-                     measured=time.strftime("%Y-%m-%dT%H:%M:%S%z"), versions=env_lib.versions())
-        (work / "autotune.json").write_text(json.dumps(found, indent=1) + "\n")
-        runfolder.publish(work, Path(spec["out"]))
+            kept = _keep_partial(work, out, spec, about, started)
+            raise RankFailed(f"the autotuner exited with code {code} without an optimal config; {kept}; its log ended:"
+                             f"\n{tail}")
+        found = _write(work, spec, about, started, complete=True)
+        runfolder.publish(work, out)
     return found
+
+
+def _prepare(work: Path, spec: dict, tuner: dict) -> tuple[list[str], dict]:
+    """Write the autotuner's inputs into `work`; return its command and environment."""
+    base, shims = work / "base", work / "bin"
+    base.mkdir()
+    shims.mkdir()
+    (base / "run.json").write_text(json.dumps(spec, indent=1) + "\n")
+    (base / "autotune_config.json").write_text(json.dumps(tuner, indent=1) + "\n")
+    for name, text in SHIMS.items():
+        (shims / name).write_text(text)
+        (shims / name).chmod(0o755)
+    env, _ = env_lib.repaired_environment(spec["nproc"], False)
+    env["PYTHONPATH"] = env_lib.importable_path(env)
+    env["PATH"] = f"{shims}:{env.get('PATH', '')}"
+    if spec["device"] == "cpu":
+        # DeepSpeed's CPU accelerator counts its "devices" as NUMA nodes unless LOCAL_SIZE says otherwise
+        env.update(env_lib.CPU_ONLY, LOCAL_SIZE=str(spec["nproc"]))
+    command = [sys.executable, "-m", "deepspeed.launcher.runner", "--autotuning", "tune",
+               f"--num_gpus={spec['nproc']}", f"--master_port={_free_port_range(64)}", str(RANK_SCRIPT),
+               str(base), "--deepspeed_config", str(base / "autotune_config.json")]
+    (work / "command.txt").write_text(" ".join(command) + "\n")
+    return command, env
+
+
+def _write(work: Path, spec: dict, about: dict, started: float, complete: bool) -> dict:
+    found = dict(collect(work / "results", spec), **about, complete=complete, seconds=time.perf_counter() - started,
+                 measured=time.strftime("%Y-%m-%dT%H:%M:%S%z"), versions=env_lib.versions())
+    (work / "autotune.json").write_text(json.dumps(found, indent=1) + "\n")
+    return found
+
+
+def _keep_partial(work: Path, out: Path, spec: dict, about: dict, started: float) -> str:
+    """A stopped or failed autotuner: publish the candidates that finished (autotune.json says complete: false), so
+    hours of trials are not lost; with none finished, nothing is kept."""
+    results = work / "results"
+    if not results.is_dir() or not any((d / "metrics.json").exists() for d in results.iterdir()):
+        return "no candidate had finished, nothing was kept"
+    found = _write(work, spec, about, started, complete=False)
+    runfolder.publish(work, out)
+    return f"the {sum('tokens_per_s_per_gpu' in r for r in found['experiments'])} finished candidates are kept in {out}" \
+           " (autotune.json: complete false, no pick)"
 
 
 def collect(results: Path, spec: dict) -> dict:
