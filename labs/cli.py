@@ -159,7 +159,8 @@ def _autotune_args(sub):
     p.add_argument("--kernels", default="stock", help="stock | liger (default: stock)")
     p.add_argument("--activation-checkpointing", default="none", help="none | full | k layers (default: none)")
     p.add_argument("--stock", action="store_true", help="the stock HF model: HF's own gradient checkpointing")
-    p.add_argument("--gpu-memory", help="cap each rank's GPU memory, e.g. 80GiB or H100 (default: the whole GPU)")
+    p.add_argument("--gpu-memory", help="cap each rank's GPU memory, e.g. 80GiB or H100 (default: the whole GPU); "
+                                        "the autotuner's own memory model still sees the whole card")
     p.add_argument("--out", default="runs/autotune", help="folder to write (default: runs/autotune)")
 
 

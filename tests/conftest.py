@@ -35,3 +35,17 @@ def zero3_run(tmp_path_factory):
                       "--out", out, "--quiet")
     assert result.returncode == 0, result.stderr[-4000:]
     return out, result
+
+
+def processes_naming(text: str) -> dict[int, str]:
+    """Every process (but this one) whose command line contains `text`: pid -> command line."""
+    found = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmdline and int(pid) != os.getpid():
+            found[int(pid)] = cmdline
+    return found
+

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from conftest import ROOT, run_labs
+from conftest import ROOT, processes_naming, run_labs
 from labs.bench import autotune
 from labs.errors import LabsError
 
@@ -56,18 +56,6 @@ def test_the_autotuner_runs_labs_loop_and_picks_its_fastest(tmp_path):
     assert (out / "results" / "ds_config_optimal.json").exists() and f"picked {found['pick']}" in result.stdout
 
 
-def _processes_naming(text: str) -> list[int]:
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmdline = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if text in cmdline and str(os.getpid()) != pid:
-            found.append(int(pid))
-    return found
-
-
 def test_ctrl_c_stops_every_process_and_keeps_the_finished_candidates(tmp_path):
     """Hours of trials are not thrown away: a stopped autotuner publishes what finished, marked incomplete."""
     out = tmp_path / "tuned"
@@ -85,9 +73,9 @@ def test_ctrl_c_stops_every_process_and_keeps_the_finished_candidates(tmp_path):
     assert process.returncode == 130, err[-2000:]
     assert "finished candidates are kept in" in err.strip().splitlines()[-1]
     stop = time.time()
-    while _processes_naming(str(work)) and time.time() - stop < 15:
+    while processes_naming(str(work)) and time.time() - stop < 15:
         time.sleep(0.2)
-    assert not _processes_naming(str(work)), "a process of the autotuner outlived it"
+    assert not processes_naming(str(work)), "a process of the autotuner outlived it"
     found = json.loads((out / "autotune.json").read_text())
     assert found["complete"] is False and found["pick"] is None
     assert any("tokens_per_s_per_gpu" in r for r in found["experiments"])

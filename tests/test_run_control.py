@@ -9,22 +9,15 @@ import time
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, processes_naming
 
 STOP_WITHIN_S = 15
 
 
 def _processes_of(folder) -> list[int]:
     """Processes whose command line names the run's working folder: torchrun and the ranks."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmdline = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if str(folder) in cmdline and ("labs.rank" in cmdline or "torch.distributed.run" in cmdline):
-            found.append(int(pid))
-    return found
+    return [pid for pid, cmdline in processes_naming(str(folder)).items()
+            if "labs.rank" in cmdline or "torch.distributed.run" in cmdline]
 
 
 def _rank_pid(folder, rank: int) -> int:
