@@ -16,10 +16,13 @@ The autotuner starts one short training per candidate and keeps the fastest by D
 What a user should know about what it tunes, read from its source and checked by the tests:
 - each experiment's `zero_optimization` is the stage alone, {"stage": N}: its micro-batch sweep (with `fast` on or
   off) drops every other key the config had, overlap_comm and bucket sizes included, so the candidates run
-  DeepSpeed's defaults for them, and so does the optimal config it writes;
+  DeepSpeed's defaults for them; in fast mode, which labs sets, so does the optimal config it writes;
 - it first runs a model-info profile (one forward at micro-batch 1), then the candidates one after another;
-- its metric is samples/s from DeepSpeed's forward, backward and step timers over steps start..end.
-labs keeps each experiment's own step times and peak memory (metrics.jsonl) beside the autotuner's figure.
+- its metric is samples/s from DeepSpeed's forward, backward and step timers over one optimizer step: step
+  end + 1, where the engine exits (the timers restart at every step while its flops profiler is on, which it is
+  for the step after `start_profile_step`, a slower step).
+labs keeps each experiment's own step times and peak memory (metrics.jsonl) beside the autotuner's figure; labs'
+figure for a candidate is the median of its steps but the first and the profiled one.
 Stopped (Ctrl-C, SIGTERM) or failed, the autotuner's finished candidates are still published, with autotune.json's
 `complete` false and no pick: a long sweep is not lost with its last candidate.
 Its clean-up step calls `pdsh -w HOST pkill -f NAME`; on one host labs puts a `pdsh` that does nothing first on the
@@ -192,7 +195,9 @@ def experiment_row(exp_dir: Path, ds_config: dict, spec: dict) -> dict:
     steps = exp_dir / "labs_run" / "metrics.jsonl"
     records = [json.loads(line) for line in steps.read_text().splitlines()] if steps.exists() else []
     if records:
-        timed = records[1:] or records          # the first step warms up
+        # the first step warms up, and the flops profiler runs on the step after start_profile_step (slower)
+        profiled = ds_config["autotuning"]["start_profile_step"] + 1
+        timed = [r for r in records[1:] if r["step"] != profiled] or records
         middle = sorted(timed, key=lambda r: r["step_time_s"])[len(timed) // 2]
         row.update(labs_step_s=middle["step_time_s"], labs_tokens_per_s_per_gpu=middle["tokens_per_s_per_gpu"],
                    labs_steps=len(records), memory_kind=records[0]["memory_kind"],

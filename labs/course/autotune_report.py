@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 
 from labs import RESULTS, memory
-from labs.bench import planner
+from labs.bench import autotune, planner
 from labs.course import gpu_report
 
 LABS_RUN = RESULTS / "gpu" / "2026-12-02_s_autotune_3b_1xh200"       # Liger loss and kernels, no checkpointing
@@ -28,10 +28,12 @@ def found(folder: Path) -> dict:
 
 
 def experiments(folder: Path) -> list[dict]:
-    """The autotuner's candidates, each with labs.memory's peak for the config the autotuner really ran."""
+    """The autotuner's candidates, read again from its results folder with today's labs.bench.autotune (the stored
+    autotune.json is what the host wrote), each with labs.memory's peak for the config the autotuner really ran."""
     run = found(folder)
+    spec = json.loads(next((folder / "results").glob("*/labs_run/run.json")).read_text())
     rows = []
-    for row in run["experiments"]:
+    for row in autotune.collect(folder / "results", spec)["experiments"]:
         config = json.loads((folder / "results" / row["name"] / "ds_config.json").read_text())
         options = run["options"]
         predicted = memory.estimate(run["preset"], gpus_per_node=run["gpus"], seq_len=run["seq_len"],

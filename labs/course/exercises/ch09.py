@@ -1,6 +1,6 @@
 """Chapter 09 (Qwen-7B on GPUs): exercises. Each asks for a prediction from what chapters 1-8 teach; the expected
-answer is the measurement in the committed GPU results (or labs' formula where the question is arithmetic), and the
-tolerance is what the reasoning can be expected to reach."""
+answer is the measurement in the committed GPU results (or labs' formula where the question is arithmetic, or
+labs.memory where no run measured the case), and the tolerance is what the reasoning can be expected to reach."""
 import json
 
 from labs import memory, models
