@@ -143,34 +143,6 @@ def _bench_args(sub):
     p.add_argument("--quiet", action="store_true", help="do not stream the ranks' output")
 
 
-def _autotune_args(sub):
-    p = sub.add_parser("autotune", help="DeepSpeed's autotuner over ZeRO stages and micro-batches, on labs' loop",
-                       description="Run DeepSpeed's autotuner (deepspeed --autotuning tune) with labs' training loop: "
-                                   "every candidate trains --batch-per-gpu sequences per GPU per optimizer step.")
-    p.add_argument("--preset", default="tiny", help="(default: tiny)")
-    p.add_argument("--config", default=resolve.DEFAULT_CONFIG, help="the DeepSpeed config the candidates start from")
-    p.add_argument("--stages", default="2,3", help="ZeRO stages to try, comma-separated (default: 2,3)")
-    p.add_argument("--micro-batches", default="1,2,4,8", help="micro-batches to try (default: 1,2,4,8)")
-    p.add_argument("--batch-per-gpu", type=positive_int, default=8,
-                   help="sequences per GPU per optimizer step; each micro-batch must divide it (default: 8)")
-    p.add_argument("--nproc", type=positive_int, help="ranks per experiment (default: every GPU, or 2 CPU ranks)")
-    p.add_argument("--seq-len", type=positive_int, help="(default: the preset's)")
-    p.add_argument("--loss", default="hf", help="hf | chunked | liger (default: hf)")
-    p.add_argument("--kernels", default="stock", help="stock | liger (default: stock)")
-    p.add_argument("--activation-checkpointing", default="none", help="none | full | k layers (default: none)")
-    p.add_argument("--stock", action="store_true", help="the stock HF model: HF's own gradient checkpointing")
-    p.add_argument("--gpu-memory", help="cap each rank's GPU memory, e.g. 80GiB or H100 (default: the whole GPU); "
-                                        "the autotuner's own memory model still sees the whole card")
-    p.add_argument("--out", default="runs/autotune", help="folder to write (default: runs/autotune)")
-
-
-def _int_list(flag: str, text: str) -> list[int]:
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise LabsError(f"{flag} {text!r}: give whole numbers separated by commas, e.g. 1,2,4") from None
-
-
 def main(argv=None) -> int:
     parser = _Parser(prog="labs", description="zero-course labs: train Qwen-architecture models with DeepSpeed ZeRO",
                      epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -178,7 +150,8 @@ def main(argv=None) -> int:
     train_parser = _train_args(sub)
     _export_args(sub)
     _bench_args(sub)
-    _autotune_args(sub)
+    from labs.bench import cli as bench_cli
+    bench_cli.add_autotune_parser(sub)
     p = sub.add_parser("env", help="versions, GPUs, which DeepSpeed ops build here, and fixes for what is wrong")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     from labs.memory import cli as memory_cli
@@ -252,17 +225,9 @@ def _dispatch(args, argv) -> int:
         print(bench.format_table(result))
         return 0
     if args.command == "autotune":
-        from labs.bench import autotune
+        from labs.bench import cli as bench_cli
 
-        found = autotune.run(preset=args.preset, config=args.config, stages=_int_list("--stages", args.stages),
-                             micro_batches=_int_list("--micro-batches", args.micro_batches),
-                             batch_per_gpu=args.batch_per_gpu, nproc=args.nproc, out=args.out, seq_len=args.seq_len,
-                             loss=args.loss, kernels=args.kernels, gpu_memory=args.gpu_memory,
-                             activation_checkpointing=args.activation_checkpointing, stock=args.stock)
-        print(autotune.table(found))
-        print(f"done: the autotuner picked {found['pick']} after {len(found['experiments'])} experiments and its "
-              f"model-info run, {found['seconds']:.0f} s in all; folder {args.out}")
-        return 0
+        return bench_cli.run_autotune(args)
     if args.command == "env":
         from labs import env
 
