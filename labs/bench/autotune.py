@@ -42,7 +42,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from labs import env as env_lib
-from labs import launch, runfolder, supervisor
+from labs import launch, metrics, runfolder, supervisor
 from labs.errors import LabsError, RankFailed, RunStopped
 from labs.table import Table
 
@@ -184,22 +184,22 @@ def experiment_row(exp_dir: Path, ds_config: dict, spec: dict) -> dict:
     row = dict(name=exp_dir.name, stage=ds_config["zero_optimization"]["stage"],
                micro_batch=ds_config["train_micro_batch_size_per_gpu"],
                grad_accum=ds_config["gradient_accumulation_steps"], zero_keys=sorted(ds_config["zero_optimization"]))
-    metrics = exp_dir / "metrics.json"
-    if metrics.exists():
-        tuner = json.loads(metrics.read_text())
+    tuner_file = exp_dir / "metrics.json"
+    if tuner_file.exists():
+        tuner = json.loads(tuner_file.read_text())
         row.update(tokens_per_s_per_gpu=tuner["throughput"] * spec["seq_len"] / gpus, step_s=tuner["latency"] / 1e6)
     else:
         stderr = exp_dir / "stderr.log"
         lines = stderr.read_text(errors="replace").strip().splitlines() if stderr.exists() else []
         row["error"] = lines[-1] if lines else "no metrics.json: stopped before its profiled steps ended"
     steps = exp_dir / "labs_run" / "metrics.jsonl"
-    records = [json.loads(line) for line in steps.read_text().splitlines()] if steps.exists() else []
+    records = metrics.read_jsonl(steps) if steps.exists() else []
     if records:
         # the first step warms up, and the flops profiler runs on the step after start_profile_step (slower)
         profiled = ds_config["autotuning"]["start_profile_step"] + 1
-        timed = [r for r in records[1:] if r["step"] != profiled] or records
-        middle = sorted(timed, key=lambda r: r["step_time_s"])[len(timed) // 2]
-        row.update(labs_step_s=middle["step_time_s"], labs_tokens_per_s_per_gpu=middle["tokens_per_s_per_gpu"],
+        seconds = metrics.median_after_warmup([r["step_time_s"] for r in records if r["step"] != profiled], warmup=1)
+        row.update(labs_step_s=seconds,
+                   labs_tokens_per_s_per_gpu=row["micro_batch"] * row["grad_accum"] * spec["seq_len"] / seconds,
                    labs_steps=len(records), memory_kind=records[0]["memory_kind"],
                    peak_gib=max(max(r["peak_memory_bytes"]) for r in records) / 2**30)
     return row

@@ -1,8 +1,6 @@
 """Chapter 09 (Qwen-7B on GPUs): exercises. Each asks for a prediction from what chapters 1-8 teach; the expected
 answer is the measurement in the committed GPU results (or labs' formula where the question is arithmetic, or
 labs.memory where no run measured the case), and the tolerance is what the reasoning can be expected to reach."""
-import json
-
 from labs import memory, models
 from labs.bench import results
 from labs.course import autotune_report, gpu_report
@@ -83,8 +81,5 @@ def stock_loss_saving_predicted_gib() -> float:
           hint="the weights, gradients and optimizer states stay; each sequence adds its activations. The answer is "
                "checked against labs.memory, which lands within 3% of run s's measured peaks")
 def _micro_batch_3_peak():
-    run = autotune_report.found(autotune_report.LABS_RUN)
-    two = next(r for r in run["experiments"] if r["micro_batch"] == 2)
-    config = json.loads((autotune_report.LABS_RUN / "results" / two["name"] / "ds_config.json").read_text())
-    return memory.estimate(run["preset"], gpus_per_node=1, seq_len=run["seq_len"], micro_batch=3, grad_accum=1,
-                           loss="liger", kernels="liger", ds_config=config).total_per_gpu_bytes / 2**30
+    two = next(r for r in autotune_report.found(autotune_report.LABS_RUN)["experiments"] if r["micro_batch"] == 2)
+    return autotune_report.predicted_peak_gib(autotune_report.LABS_RUN, two["name"], micro_batch=3, grad_accum=1)
