@@ -157,6 +157,23 @@ def test_advice_of_equal_cost_changes_no_more_than_it_needs():
     assert len(tied) > 1 and advice.change == min((o["change"] for o in tied), key=len) == {"loss": "liger"}
 
 
+def test_fsdp2_advice_keeps_the_engine_and_its_offload(capsys):
+    """FSDP2 has no stage to raise and offloads through its own config block: the advice may change the loss and
+    checkpointing only, and `labs memory --engine fsdp2 --gpu-memory` prints it (it once raised a TypeError)."""
+    from labs import cli
+
+    est = memory.estimate("qwen2.5-3b", engine="fsdp2", micro_batch=4, loss="hf")
+    assert est.breakdown["fsdp"]["offload"] == "none"
+    advice = memory.advise("H200", **est.inputs)
+    assert not advice.fits_as_is and advice.options
+    assert all(set(o["change"]) <= {"loss", "activation_checkpointing"} for o in advice.options)
+    assert all(o["estimate"].inputs["engine"] == "fsdp2" for o in advice.options)
+    assert cli.main(["memory", "--preset", "qwen2.5-3b", "--engine", "fsdp2", "--micro-batch", "4",
+                     "--gpu-memory", "H200"]) == 0
+    out = capsys.readouterr().out
+    assert "FSDP2, 1 GPU(s)" in out and "cheapest change that fits: loss=liger" in out
+
+
 def test_bad_inputs_raise_labs_errors():
     from labs.errors import LabsError
 

@@ -70,10 +70,14 @@ def advise(gpu_memory_bytes, reserve_bytes=None, **inputs) -> Advice:
     layers = dims["num_hidden_layers"] if dims else 0
     now = models.checkpointed_layers(base["activation_checkpointing"], layers)
     losses = [base["loss"]] + ([x for x in ("chunked", "liger") if x != base["loss"]] if dims else [])
-    for stage in range(base["stage"], 4):
+    # FSDP2 has no ZeRO stage to raise, and its offload is its config block's: only the loss and checkpointing move
+    fsdp2 = base["engine"] == "fsdp2"
+    for stage in [base["stage"]] if fsdp2 else range(base["stage"], 4):
+        optimizer_offloads = {base["offload_optimizer"], "cpu"} if stage and not fsdp2 else {base["offload_optimizer"]}
+        param_offloads = {base["offload_param"], "cpu"} if stage == 3 and not fsdp2 else {base["offload_param"]}
         for loss in losses:
-            for off_opt in {base["offload_optimizer"], "cpu"} if stage else {None}:
-                for off_param in {base["offload_param"], "cpu"} if stage == 3 else {None}:
+            for off_opt in optimizer_offloads:
+                for off_param in param_offloads:
                     settings = dict(stage=stage, loss=loss, offload_optimizer=off_opt, offload_param=off_param)
                     k = _fewest_layers(settings, base, now, layers, usable)
                     if k is None:

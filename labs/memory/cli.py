@@ -75,8 +75,8 @@ def format_table(est: MemoryEstimate, advice=None) -> str:
     offload = ", ".join(f"{part} offload {i[f'offload_{part}']}" for part in ("optimizer", "param")
                         if i[f"offload_{part}"]) or "no offload"
     rows = [("parameters", f"{est.params:,}"),
-            ("setup", f"ZeRO-{i['stage']}, {i['gpus_per_node']} GPU(s) x {i['nodes']} node(s), {i['precision']}, "
-                      f"{offload}"),
+            ("setup", f"{'FSDP2' if i['engine'] == 'fsdp2' else 'ZeRO-' + str(i['stage'])}, {i['gpus_per_node']} "
+                      f"GPU(s) x {i['nodes']} node(s), {i['precision']}, {offload}"),
             ("batch", f"micro-batch {i['micro_batch']} x seq {i['seq_len']}, checkpointing "
                       f"{i['activation_checkpointing']}, loss {i['loss']}, kernels {i['kernels']}"),
             ("paper model states / GPU", _size(est.paper_model_states_per_gpu_bytes)),

@@ -134,12 +134,15 @@ def estimate(preset=None, *, params=None, dims=None, stage=None, gpus_per_node=1
     args = dict(params=params, layout=layout, dims=dims, stage=stage, world=world, d=d, mixed=mixed,
                 state_bytes=state_bytes, offload_optimizer=offload_optimizer, offload_param=offload_param,
                 knobs=knobs, acts=acts)
-    if engine == "fsdp2":           # its own block of the config: replicas, offload, reshard_after_forward
-        settings = fsdp.settings(resolved, world)
-        phases, resident, host_rank, nvme_rank = peak.fsdp2(**args, settings=settings,
+    # FSDP2 reads its own block of the config: replicas, offload, reshard_after_forward
+    fsdp_settings = fsdp.settings(resolved, world) if engine == "fsdp2" else None
+    if fsdp_settings:
+        phases, resident, host_rank, nvme_rank = peak.fsdp2(**args, settings=fsdp_settings,
                                                             accumulation=resolved["gradient_accumulation_steps"])
-        inputs.update(offload_optimizer="cpu" if settings["offload"] == "cpu" else None,
-                      offload_param="cpu" if settings["offload"] == "cpu" else None, fsdp=settings)
+        # FSDP2's offload is its own block's (params, grads and states together); `inputs` stay estimate()'s
+        # keyword arguments, so that advise(**est.inputs) re-runs the same estimate
+        offload = "cpu" if fsdp_settings["offload"] == "cpu" else None
+        inputs.update(offload_optimizer=offload, offload_param=offload)
     else:
         phases, resident, host_rank, nvme_rank = peak.deepspeed(**args)
     for p in phases.values():
@@ -159,7 +162,8 @@ def estimate(preset=None, *, params=None, dims=None, stage=None, gpus_per_node=1
                      "DeepSpeed's numbers")
     breakdown = dict(activations=acts["parts"], loss=acts["loss_parts"], per_layer_bytes=acts["layer"],
                      checkpointed_layers=acts["checkpointed"], tokens_per_gpu=micro_batch * seq_len, knobs=knobs,
-                     optimizer_state_bytes_per_param=state_bytes / params, k=k)
+                     optimizer_state_bytes_per_param=state_bytes / params, k=k,
+                     fsdp=fsdp_settings)
     return MemoryEstimate(
         params=params, params_per_gpu_bytes=top["params"], grads_per_gpu_bytes=top["grads"],
         optimizer_per_gpu_bytes=top["optimizer"], activations_per_gpu_bytes=top["activations"],
