@@ -187,6 +187,20 @@ def test_readme_quotes_the_recorded_round_2_numbers():
                  f"{w_rows[pick]['tokens_per_s_per_gpu'] / w_rows[cut]['tokens_per_s_per_gpu']:.3f}x",
                  f"pick ran {w_rows[pick]['tokens_per_s_per_gpu'] / w_rows[stock]['tokens_per_s_per_gpu']:.2f}x in one"]
     assert len(s_run["experiments"]) == 4 and s_run["pick"] == "z2_gas2_tmbspg4"
+    from labs.course import one_gpu_report as one
+    for row in one.best_vs_best():
+        expected += [f"{row['stock_tokens_per_s']:,.0f}", f"{row['labs_tokens_per_s']:,.0f}", f"{row['ratio']:.2f}x",
+                     f"{row['mfu']:.1%} ({row['mfu_causal']:.1%})"]
+        if row["repeat_ratio"]:
+            expected.append(f"repeat {row['run']}2: {row['repeat_ratio']:.2f}x")
+    x_stock = g.best(one.SWEEPS["x"], "stock")
+    expected += [f"ran {x_stock['tokens_per_s_per_gpu'] / w_rows[stock]['tokens_per_s_per_gpu']:.2f}x the autotuned pick",
+                 f"labs gains {one.best_vs_best()[0]['ratio']:.2f}x"]
+    assert all(p["pick_over_best"] >= 0.95 for s in one.SWEEPS.values() for p in g.planner_check(s))
+    peaks = [r["ratio"] for r in results.peak_comparisons(merge_repeats=True)
+             if r["case"] == "stock-zero2-cknone-mb2-ga4"]
+    expected.append(f"measured\n{max(peaks):.3f}x its predicted peak in runs f and x")
+    assert sorted(r["run"] for r in results.peak_comparisons() if r["case"] == "stock-zero2-cknone-mb2-ga4") == ["f", "x"]
     missing = [figure for figure in expected if figure not in table]
     assert not missing, missing
 

@@ -157,6 +157,21 @@ def test_advice_of_equal_cost_changes_no_more_than_it_needs():
     assert len(tied) > 1 and advice.change == min((o["change"] for o in tied), key=len) == {"loss": "liger"}
 
 
+def test_accumulation_keeps_zero2_gradients_through_the_next_loss():
+    """ZeRO-2's gradient partition lives from the first backward to the step: with accumulation it is on the GPU
+    when a later micro-batch's stock loss peaks. Measured: one H200, Qwen2.5-3B, micro-batch 2 x 4 (run x)."""
+    from labs.bench import results
+
+    single = memory.estimate("qwen2.5-3b", stage=2, micro_batch=2, grad_accum=1, loss="hf")
+    accumulating = memory.estimate("qwen2.5-3b", stage=2, micro_batch=2, grad_accum=4, loss="hf")
+    assert single.phases["loss_backward"]["grads"] == 0
+    assert accumulating.phases["loss_backward"]["grads"] == 2 * accumulating.params     # bf16, one rank holds all
+    assert accumulating.peak_phase == "loss_backward"
+    rows = [r for r in results.peak_comparisons(merge_repeats=True)
+            if r["case"] == "stock-zero2-cknone-mb2-ga4" and r["gpus"] == 1]
+    assert rows and all(abs(r["ratio"] - 1) < 0.01 for r in rows), rows
+
+
 def test_fsdp2_advice_keeps_the_engine_and_its_offload(capsys):
     """FSDP2 has no stage to raise and offloads through its own config block: the advice may change the loss and
     checkpointing only, and `labs memory --engine fsdp2 --gpu-memory` prints it (it once raised a TypeError)."""

@@ -11,7 +11,7 @@ The memory model (labs.memory) says what fits; a small cost model says what is f
 - seq_s (per sequence; one for the stock kernels and loss, one for Liger's): forward and backward compute.
 - recompute_s (per sequence, for the whole model): the forward recomputed when every layer is checkpointed.
 The six unknowns are fitted by least squares (none negative) to the recorded runs in results/gpu, so the planner
-knows only what was measured there: one GPU model, one sequence length. Its picks are checked against the sweep.
+knows only what was measured there: one GPU model, one sequence length, two GPUs. Its picks are checked against the sweep.
 """
 from __future__ import annotations
 
@@ -26,6 +26,9 @@ ENGINES = ("zero1", "zero2", "zero3", "fsdp2")
 SIDES = ("stock", "liger")             # the kernels and loss: stock HF, or Liger's fused ones
 OPTIMIZER_BYTES_PER_PARAM, HBM_BYTES_PER_S = 32, 3.0e12
 FITTED_PRESET, FITTED_SEQ_LEN = "qwen2.5-7b", 4096     # what every fitted run trained
+# ... on 2 GPUs: the per-micro-step term holds the communication two ranks wait for, which one GPU does not have.
+# Runs on one GPU (x-z of results/gpu) are left out of the fit and test how the model carries over instead.
+FITTED_GPUS = 2
 
 
 def features(engine: str, kernels: str, micro_batch: int, grad_accum: int, checkpointed: int, layers: int) -> list:
@@ -54,7 +57,7 @@ def fit(rows: list[dict]) -> dict:
     """Least-squares coefficients (none negative) from measured rows of labs.bench.results (GPU-resident runs)."""
     # GPU-resident bf16 runs of the stock kernels or Liger's; levers the model has no term for are left out
     used = [r for r in rows if "offload" not in r["case"] and r["preset"] == FITTED_PRESET and not r["fp8"]
-            and r["seq_len"] == FITTED_SEQ_LEN
+            and r["seq_len"] == FITTED_SEQ_LEN and r["gpus"] == FITTED_GPUS
             and not r["compile"] and r["sdpa"] == "default" and r["precision"] == "bf16"]
     if not used:
         raise LabsError("no recorded GPU runs to fit the cost model to (results/gpu/*.json)")

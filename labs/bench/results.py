@@ -11,8 +11,9 @@ from labs.table import Table
 
 
 def load_all(folder: Path = RESULTS / "gpu") -> dict[str, dict]:
-    """{file stem: bench result}, oldest first (the files are named by date and run letter)."""
-    return {path.stem: json.loads(path.read_text()) for path in sorted(Path(folder).glob("*.json"))}
+    """{file stem: bench result}, oldest first (the files are named by date and run: a ... z, then x2 after x)."""
+    paths = sorted(Path(folder).glob("*.json"), key=lambda p: (p.stem[:10], run_label(p.stem), p.stem))
+    return {path.stem: json.loads(path.read_text()) for path in paths}
 
 
 def rows(results: dict[str, dict], valid_only: bool = True) -> list[dict]:
@@ -93,6 +94,11 @@ def format_rows(table: list[dict], columns: list[str]) -> Table:
     return Table(table, [(c, c, spec(c)) for c in columns])
 
 
+def run_label(stem: str) -> str:
+    """The run's name in results/README.md: the word after the date, "a" ... "z", "x2" (2026-12-02_x2_repeat_...)."""
+    return stem[11:].split("_")[0]
+
+
 def peak_comparisons(merge_repeats: bool = False) -> list[dict]:
     """Every valid recorded bf16/fp16 case: the measured peak (max over ranks of torch.cuda.max_memory_allocated)
     against labs.memory's prediction for the same configuration, with that configuration. The fp8 cases are left
@@ -102,7 +108,8 @@ def peak_comparisons(merge_repeats: bool = False) -> list[dict]:
     for row in (r for r in rows(load_all()) if not r["fp8"]):
         predicted = predicted_peak_gib(row) * memory.GiB
         measured = row["peak_gib"] * memory.GiB
-        found.append(dict(name=f"{row['run'][11:12]}:{row['case']}", run=row["run"][11:12], case=row["case"],
+        run = run_label(row["run"])
+        found.append(dict(name=f"{run}:{row['case']}", run=run, case=row["case"],
                           device=f"{row['gpus']} x {row['gpu']}", gpus=row["gpus"],
                           engine=_engine_name(row), micro_batch=row["micro_batch"], grad_accum=row["grad_accum"],
                           checkpointing=row["checkpointing"], loss=row["loss"], kernels=row["kernels"],

@@ -144,7 +144,8 @@ def estimate(preset=None, *, params=None, dims=None, stage=None, gpus_per_node=1
         offload = "cpu" if fsdp_settings["offload"] == "cpu" else None
         inputs.update(offload_optimizer=offload, offload_param=offload)
     else:
-        phases, resident, host_rank, nvme_rank = peak.deepspeed(**args)
+        phases, resident, host_rank, nvme_rank = peak.deepspeed(**args,
+                                                                accumulation=resolved["gradient_accumulation_steps"])
     for p in phases.values():
         p["total"] = sum(p.values())
         for key in p:

@@ -22,8 +22,9 @@ from labs.memory import layout as zero_layout
 
 
 def deepspeed(params, layout, dims, stage, world, d, mixed, state_bytes, offload_optimizer, offload_param, knobs,
-              acts):
-    """Returns (phases, resident_per_rank, host_bytes_per_rank, nvme_bytes_per_rank)."""
+              acts, accumulation=1):
+    """Returns (phases, resident_per_rank, host_bytes_per_rank, nvme_bytes_per_rank). With gradient accumulation
+    the gradients of the earlier micro-batches stay on the GPU through the later ones' forward and backward."""
     # ---- what each rank holds for good once the first step has run
     master = 4 if (mixed or stage >= 1) else 0                 # fp32 ZeRO-1/2/3 still clone an fp32 partition
     bucket = reduce_bucket_bytes(knobs, d, stage=3)            # ZeRO-3's one contiguous gradient bucket
@@ -70,12 +71,17 @@ def deepspeed(params, layout, dims, stage, world, d, mixed, state_bytes, offload
         kept_on_gpu = bucket + gpu_share * 4 * partition if offload_optimizer else grads_kept
         grads = dict(loss=kept_on_gpu, layer=kept_on_gpu, end=kept_on_gpu, step=kept_on_gpu)
     elif stage == 2:
+        # the partition's gradient buffer lives from the first backward to the step: with accumulation it is
+        # already there when a later micro-batch's loss peaks (+5.8 GiB at Qwen2.5-3B on one H200, runs f and x);
+        # under offload the earlier micro-batches' gradients wait on the host
         kept_on_gpu = 0 if offload_optimizer else grads_kept
-        grads = dict(loss=0, layer=kept_on_gpu, end=kept_on_gpu, step=kept_on_gpu)
+        grads = dict(loss=kept_on_gpu if accumulation > 1 else 0, layer=kept_on_gpu, end=kept_on_gpu, step=kept_on_gpu)
     else:                                                      # ZeRO-0/1: p.grad of every parameter
         head_grad = d * acts["head"]
         after = 0 if offload_optimizer else grads_kept
-        grads = dict(loss=0, layer=head_grad, end=d * params, step=d * params if stage == 0 else after)
+        accumulated = d * params if accumulation > 1 else 0    # p.grad accumulates until the boundary's reduction
+        grads = dict(loss=accumulated, layer=max(head_grad, accumulated), end=d * params,
+                     step=d * params if stage == 0 else after)
 
     # ---- DeepSpeed's temporary buffers at each moment
     reduce_buckets = reduce_bucket_bytes(knobs, d) if stage in (1, 2) else 0

@@ -83,3 +83,14 @@ def stock_loss_saving_predicted_gib() -> float:
 def _micro_batch_3_peak():
     two = next(r for r in autotune_report.found(autotune_report.LABS_RUN)["experiments"] if r["micro_batch"] == 2)
     return autotune_report.predicted_peak_gib(autotune_report.LABS_RUN, two["name"], micro_batch=3, grad_accum=1)
+
+
+@exercise("09.8", "Run y: stock ZeRO-2 (3B shape, one GPU, HF's loss, full checkpointing) at micro-batch 4 with "
+          "accumulation 2 ran out of memory in its second micro-batch, where the memory model had it fit. Predict how "
+          "many GiB more the second micro-batch's loss moment holds than the first's. Decide what ZeRO-2 keeps "
+          "between micro-batches, in which dtype, and how much of the model one rank's partition covers.", "GiB",
+          rel=0.03, hint="ZeRO-2's gradient partition buffer: bf16, and on one rank the partition is every parameter")
+def _accumulated_zero2_partition():
+    one, two = (memory.estimate("qwen2.5-3b", stage=2, micro_batch=4, grad_accum=ga, loss="hf",
+                                activation_checkpointing="full") for ga in (1, 2))
+    return (two.phases["loss_backward"]["total"] - one.phases["loss_backward"]["total"]) / 2**30

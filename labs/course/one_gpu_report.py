@@ -1,0 +1,72 @@
+"""Chapter 9's readings of round 7 (results/gpu, runs x-z): best against best on one H200, each side's fastest of the
+planner's three candidates at the same 8 x 4,096 tokens per optimizer step, computed from the files.
+
+    one_gpu_report.best_vs_best()        # per sweep: each side's best, the ratio, the repeat's ratio
+    one_gpu_report.out_of_memory("y")    # a case that failed: what it asked for, against labs.memory then and now
+"""
+from __future__ import annotations
+
+import re
+
+from labs import memory
+from labs.bench import sweep
+from labs.course import gpu_report
+
+SWEEPS = dict(x="x_sweep_3b_1xh200", y="y_sweep_cap80_3b_1xh200", z="z_sweep_7b_1xh200")
+REPEATS = dict(x="x2_repeat_3b_1xh200", z="z2_repeat_7b_1xh200")     # each side's best again, a later invocation
+SETUPS = dict(x=("qwen2.5-3b", None), y=("qwen2.5-3b", "H100"), z=("qwen2.5-7b", None))   # preset, --gpu-memory
+
+
+def best_vs_best() -> list[dict]:
+    """One row per sweep: labs' and stock's fastest valid case, their ratio, labs' MFU (both conventions), and the
+    same two cases' ratio in the repeat invocation where there is one."""
+    rows = []
+    for run, suffix in SWEEPS.items():
+        labs, stock = gpu_report.best(suffix, "labs"), gpu_report.best(suffix, "stock")
+        # like for like: both sides train the same tokens per optimizer step
+        assert labs["tokens_per_step"] == stock["tokens_per_step"], (labs["case"], stock["case"])
+        preset, cap = SETUPS[run]
+        row = dict(run=run, preset=preset, budget=budget_label(cap), tokens_per_step=labs["tokens_per_step"],
+                   labs=labs["case"], labs_tokens_per_s=labs["tokens_per_s_per_gpu"], stock=stock["case"],
+                   stock_tokens_per_s=stock["tokens_per_s_per_gpu"],
+                   ratio=labs["tokens_per_s_per_gpu"] / stock["tokens_per_s_per_gpu"], mfu=labs["mfu"],
+                   mfu_causal=labs["mfu_causal"], repeat_ratio=None)
+        if run in REPEATS:
+            again = {r["case"]: r["tokens_per_s_per_gpu"] for r in gpu_report.case_rows(REPEATS[run])
+                     if r["status"] == "ok"}
+            row["repeat_ratio"] = again[labs["case"]] / again[stock["case"]]
+        rows.append(row)
+    return rows
+
+
+def budget_label(cap: str | None) -> str:
+    return f"{cap} cap ({memory.parse_bytes(cap) / 2**20:,.0f} MiB)" if cap else "whole card"
+
+
+def repeat_spread(run: str) -> dict[str, float]:
+    """Each case measured in both the sweep and its repeat: repeat / sweep tokens per second."""
+    first = {r["case"]: r["tokens_per_s_per_gpu"] for r in gpu_report.case_rows(SWEEPS[run]) if r["status"] == "ok"}
+    return {r["case"]: r["tokens_per_s_per_gpu"] / first[r["case"]] for r in gpu_report.case_rows(REPEATS[run])
+            if r["status"] == "ok" and r["case"] in first}
+
+
+def out_of_memory(run: str) -> list[dict]:
+    """Every case of a sweep that ran out of GPU memory: what PyTorch held and asked for when it failed, the budget
+    labs.memory counts as usable, the peak the planner predicted when it chose the case (stored with the run), and the
+    peak today's labs.memory predicts."""
+    preset, cap = SETUPS[run]
+    result = gpu_report._result(SWEEPS[run])
+    planned = {p["case"]: p for p in result["sweep"]["plan"]}
+    budget = memory.parse_bytes(cap) if cap else memory.parse_bytes(result["sweep"]["gpu_memory"])
+    found = []
+    for name, case in result["cases"].items():
+        if case["status"] == "ok" or "OutOfMemory" not in case.get("error", ""):
+            continue
+        asked = re.search(r"Tried to allocate ([\d.]+) GiB", case["error"])
+        held = re.search(r"([\d.]+) GiB is allocated by PyTorch", case["error"])
+        found.append(dict(case=name, allocated_gib=float(held.group(1)), requested_gib=float(asked.group(1)),
+                          needed_gib=float(held.group(1)) + float(asked.group(1)),
+                          usable_gib=memory.usable_bytes(budget) / memory.GiB,
+                          planned_gib=planned[name]["predicted_peak_gib"],
+                          predicted_now_gib=sweep.predicted_peak_bytes(name, preset, 1) / memory.GiB))
+    return found
