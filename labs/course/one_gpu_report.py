@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 
 from labs import memory
-from labs.bench import sweep
+from labs.bench import results, sweep
 from labs.course import gpu_report
 
 SWEEPS = dict(x="x_sweep_3b_1xh200", y="y_sweep_cap80_3b_1xh200", z="z_sweep_7b_1xh200")
@@ -62,11 +62,28 @@ def out_of_memory(run: str) -> list[dict]:
     for name, case in result["cases"].items():
         if case["status"] == "ok" or "OutOfMemory" not in case.get("error", ""):
             continue
-        asked = re.search(r"Tried to allocate ([\d.]+) GiB", case["error"])
-        held = re.search(r"([\d.]+) GiB is allocated by PyTorch", case["error"])
-        found.append(dict(case=name, allocated_gib=float(held.group(1)), requested_gib=float(asked.group(1)),
-                          needed_gib=float(held.group(1)) + float(asked.group(1)),
+        said = {key: float(re.search(pattern, case["error"]).group(1)) for key, pattern in (
+            ("requested", r"Tried to allocate ([\d.]+) GiB"), ("allocated", r"([\d.]+) GiB is allocated by PyTorch"),
+            ("reserved_unused", r"([\d.]+) GiB is reserved by PyTorch but unallocated"), ("cap", r"([\d.]+) GiB allowed"))}
+        found.append(dict(case=name, allocated_gib=said["allocated"], requested_gib=said["requested"],
+                          needed_gib=said["allocated"] + said["requested"], reserved_unused_gib=said["reserved_unused"],
+                          cap_gib=said["cap"],
                           usable_gib=memory.usable_bytes(budget) / memory.GiB,
                           planned_gib=planned[name]["predicted_peak_gib"],
                           predicted_now_gib=sweep.predicted_peak_bytes(name, preset, 1) / memory.GiB))
+    return found
+
+
+def accumulation_gap(case: str) -> list[dict]:
+    """Each recorded run of a ZeRO-1/2 case with accumulation: its measured peak, labs.memory's, and labs.memory's
+    without the gradients kept between micro-batches (the model before it counted them)."""
+    found = []
+    for row in results.rows(results.load_all()):
+        if row["case"] != case or row["grad_accum"] == 1:
+            continue
+        phases = results.estimate_for(row).phases
+        without = max(p["total"] - (p["grads"] if name == "loss_backward" else 0) for name, p in phases.items())
+        found.append(dict(case=case, run=results.run_label(row["run"]), gpus=row["gpus"], measured_gib=row["peak_gib"],
+                          predicted_gib=max(p["total"] for p in phases.values()) / memory.GiB,
+                          without_buffer_gib=without / memory.GiB))
     return found

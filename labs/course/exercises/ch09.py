@@ -85,12 +85,14 @@ def _micro_batch_3_peak():
     return autotune_report.predicted_peak_gib(autotune_report.LABS_RUN, two["name"], micro_batch=3, grad_accum=1)
 
 
-@exercise("09.8", "Run y: stock ZeRO-2 (3B shape, one GPU, HF's loss, full checkpointing) at micro-batch 4 with "
-          "accumulation 2 ran out of memory in its second micro-batch, where the memory model had it fit. Predict how "
-          "many GiB more the second micro-batch's loss moment holds than the first's. Decide what ZeRO-2 keeps "
-          "between micro-batches, in which dtype, and how much of the model one rank's partition covers.", "GiB",
-          rel=0.03, hint="ZeRO-2's gradient partition buffer: bf16, and on one rank the partition is every parameter")
+@exercise("09.8", "Run y's failure, on a bigger cluster: stock ZeRO-2 on 4 GPUs, Qwen2.5-7B shape, HF's loss, micro-batch "
+          "2 with accumulation 4. How many GiB more does each GPU hold at the loss moment of the second micro-batch "
+          "than at the first's? Decide what ZeRO-2 keeps from one micro-batch to the next, and how big it is on one "
+          "rank.", "GiB", rel=0.05,
+          hint="ZeRO-2's gradient partition buffer lives from the first backward to the step: bf16, and each rank's "
+               "partition is a quarter of the parameters (labs.memory's worst rank holds a little more: the "
+               "gradients of parameters that straddle its partition's edges)")
 def _accumulated_zero2_partition():
-    one, two = (memory.estimate("qwen2.5-3b", stage=2, micro_batch=4, grad_accum=ga, loss="hf",
-                                activation_checkpointing="full") for ga in (1, 2))
-    return (two.phases["loss_backward"]["total"] - one.phases["loss_backward"]["total"]) / 2**30
+    one, four = (memory.estimate("qwen2.5-7b", stage=2, gpus_per_node=4, micro_batch=2, grad_accum=ga, loss="hf")
+                 for ga in (1, 4))
+    return (four.phases["loss_backward"]["total"] - one.phases["loss_backward"]["total"]) / 2**30
