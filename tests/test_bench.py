@@ -193,6 +193,7 @@ def test_readme_quotes_the_recorded_round_2_numbers():
                      f"{row['mfu']:.1%} ({row['mfu_causal']:.1%})"]
         if row["repeat_ratio"]:
             expected.append(f"repeat {row['run']}2: {row['repeat_ratio']:.2f}x")
+    expected.append(f"labs at most {one.cap_bound()['at_most']:.2f}x")
     x_stock = g.best(one.SWEEPS["x"], "stock")
     expected += [f"ran {x_stock['tokens_per_s_per_gpu'] / w_rows[stock]['tokens_per_s_per_gpu']:.2f}x the autotuned pick",
                  f"labs gains {one.best_vs_best()[0]['ratio']:.2f}x"]

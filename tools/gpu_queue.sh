@@ -22,7 +22,11 @@ if [ ! -e /tmp/site/.installed ]; then
   # DeepSpeed builds FusedAdam and CPUAdam just in time (40-110 s each on a fresh host): start both in the background.
   nohup python3 -c "from deepspeed.ops.op_builder import FusedAdamBuilder, CPUAdamBuilder
 FusedAdamBuilder().load(); CPUAdamBuilder().load(); print('ops built')" > "$OUT/opbuild.log" 2>&1 &
+  echo $! > /tmp/opbuild.pid
 fi
+# No job starts while that build runs: the compilers take every core, and a case that launches many small kernels
+# from the CPU ran 24% slower beside them (run y2 of round 7, results/gpu/2026-12-02_y2_*.json).
+while [ -e /tmp/opbuild.pid ] && kill -0 "$(cat /tmp/opbuild.pid)" 2>/dev/null; do sleep 2; done
 touch /tmp/gpu_queue.done
 while IFS='|' read -r name estimate command; do
   [ -z "$name" ] || [ "${name:0:1}" = "#" ] && continue

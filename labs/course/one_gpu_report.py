@@ -14,6 +14,9 @@ from labs.course import gpu_report
 
 SWEEPS = dict(x="x_sweep_3b_1xh200", y="y_sweep_cap80_3b_1xh200", z="z_sweep_7b_1xh200")
 REPEATS = dict(x="x2_repeat_3b_1xh200", z="z2_repeat_7b_1xh200")     # each side's best again, a later invocation
+# y's best of each side again and the ZeRO-2 case the corrected memory model put among stock's three: measured while
+# DeepSpeed's ops compiled on the same host (the file's annotation), so its peaks count and its speeds do not
+CAP_AFTER_FIX = "y2_repeat_cap80_3b_1xh200"
 SETUPS = dict(x=("qwen2.5-3b", None), y=("qwen2.5-3b", "H100"), z=("qwen2.5-7b", None))   # preset, --gpu-memory
 
 
@@ -87,3 +90,23 @@ def accumulation_gap(case: str) -> list[dict]:
                           predicted_gib=max(p["total"] for p in phases.values()) / memory.GiB,
                           without_buffer_gib=without / memory.GiB))
     return found
+
+
+def cap_after_fix() -> list[dict]:
+    """Run y2's cases: measured peak against today's labs.memory, and tokens/s against run y's where y ran the case."""
+    before = {r["case"]: r["tokens_per_s_per_gpu"] for r in gpu_report.case_rows(SWEEPS["y"]) if r["status"] == "ok"}
+    return [dict(case=r["case"], peak_gib=r["peak_gib"],
+                 predicted_gib=sweep.predicted_peak_bytes(r["case"], "qwen2.5-3b", 1) / memory.GiB,
+                 tokens_per_s=r["tokens_per_s_per_gpu"],
+                 over_run_y=r["tokens_per_s_per_gpu"] / before[r["case"]] if r["case"] in before else None)
+            for r in gpu_report.case_rows(CAP_AFTER_FIX) if r["status"] == "ok"]
+
+
+def cap_bound() -> dict:
+    """Run y2's stock ZeRO-2 (not among run y's candidates) against run y: even slowed by the compile it ran faster
+    than run y's stock best, so it bounds labs' margin under the cap from above (two invocations)."""
+    y2 = {r["case"]: r for r in cap_after_fix()}["stock-zero2-cknone-mb1-ga8"]
+    labs, stock = gpu_report.best(SWEEPS["y"], "labs"), gpu_report.best(SWEEPS["y"], "stock")
+    return dict(stock_zero2=y2["tokens_per_s"], stock_best_y=stock["tokens_per_s_per_gpu"],
+                labs_best_y=labs["tokens_per_s_per_gpu"], at_most=labs["tokens_per_s_per_gpu"] / y2["tokens_per_s"],
+                planner_pick_over_it=stock["tokens_per_s_per_gpu"] / y2["tokens_per_s"])
