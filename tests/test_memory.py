@@ -172,6 +172,42 @@ def test_accumulation_keeps_zero2_gradients_through_the_next_loss():
     assert rows and all(abs(r["ratio"] - 1) < 0.01 for r in rows), rows
 
 
+@pytest.mark.parametrize("stage, overlap", [(1, False), (1, True), (2, False), (2, True)])
+def test_what_a_real_engine_keeps_between_micro_batches_is_what_labs_memory_counts(stage, overlap, monkeypatch):
+    """A DeepSpeed engine on this CPU, accumulating over 2 micro-batches: the gradient bytes it holds when the second
+    micro-batch starts (ZeRO-2: the bf16 partition; ZeRO-1: every p.grad plus the reduce buckets its hooks set up)
+    are what labs.memory puts at the loss moment of a later micro-batch, and nothing is held at accumulation 1."""
+    import single_process_group
+    import torch
+
+    from labs.instruments.state import engine_state_bytes
+
+    single_process_group.ensure()
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    import deepspeed
+
+    held = {}
+    for accumulation in (1, 2):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(*[torch.nn.Linear(128, 128) for _ in range(3)])
+        ds_config = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": accumulation,
+                     "train_batch_size": accumulation, "bf16": {"enabled": True}, "steps_per_print": 10**9,
+                     "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}},
+                     "zero_optimization": {"stage": stage, "overlap_comm": overlap, "contiguous_gradients": True,
+                                           "reduce_bucket_size": 100_000}}
+        engine, *_ = deepspeed.initialize(model=model, config=ds_config, model_parameters=model.parameters())
+        engine.backward(engine(torch.randn(2, 128, dtype=torch.bfloat16)).float().pow(2).mean())
+        engine.step()                        # at accumulation 2 not yet an optimizer step
+        state = engine_state_bytes(engine)
+        # once a step has run, DeepSpeed keeps its gradient norm: one fp32 scalar, not gradients
+        norm = sum(r["bytes"] for r in state["largest"] if r["what"] == "_global_grad_norm")
+        held[accumulation] = state["grads_bytes"] - norm
+        params = sum(p.numel() for p in model.parameters())
+        loss = memory.estimate(params=params, ds_config=ds_config).phases["loss_backward"]
+        assert held[accumulation] == loss["grads"] + loss["buffers"], (accumulation, held, loss)
+    assert held[1] == 0 < held[2]
+
+
 def test_fsdp2_advice_keeps_the_engine_and_its_offload(capsys):
     """FSDP2 has no stage to raise and offloads through its own config block: the advice may change the loss and
     checkpointing only, and `labs memory --engine fsdp2 --gpu-memory` prints it (it once raised a TypeError)."""

@@ -72,8 +72,9 @@ def deepspeed(params, layout, dims, stage, world, d, mixed, state_bytes, offload
         grads = dict(loss=kept_on_gpu, layer=kept_on_gpu, end=kept_on_gpu, step=kept_on_gpu)
     elif stage == 2:
         # the partition's gradient buffer lives from the first backward to the step: with accumulation it is
-        # already there when a later micro-batch's loss peaks (+5.8 GiB at Qwen2.5-3B on one H200, runs f and x);
-        # under offload the earlier micro-batches' gradients wait on the host
+        # already there when a later micro-batch's loss peaks (runs f and x: +7.1 GiB per GPU for the 7B on two GPUs,
+        # +5.8 GiB for the 3B on one; tests/test_memory.py measures it on a CPU engine); under offload the earlier
+        # micro-batches' gradients wait on the host
         kept_on_gpu = 0 if offload_optimizer else grads_kept
         grads = dict(loss=kept_on_gpu if accumulation > 1 else 0, layer=kept_on_gpu, end=kept_on_gpu, step=kept_on_gpu)
     else:                                                      # ZeRO-0/1: p.grad of every parameter
@@ -100,6 +101,9 @@ def deepspeed(params, layout, dims, stage, world, d, mixed, state_bytes, offload
     else:
         step_copies = 8 * params if mixed else 0               # FP16_Optimizer: fp32 copy of each grad + flat copy
     allreduce_bucket = d * min(params, 5e8) if stage == 0 else 0
+    # ZeRO-1 reduces only at the accumulation boundary: the buckets its hooks set up in the first backward stay
+    # allocated until then, so a later micro-batch's loss peaks on top of them (measured on a CPU engine)
+    kept_buckets = reduce_buckets if stage == 1 and accumulation > 1 else 0
 
     # ---- activations
     saved, loss = acts["saved"] + acts["final_norm"], acts["loss"]
@@ -109,7 +113,8 @@ def deepspeed(params, layout, dims, stage, world, d, mixed, state_bytes, offload
     phases = {
         "init": dict(params=params_gpu, optimizer=0, grads=0, activations=0,
                      buffers=d * params if stage in (1, 2) else 2 * d * params if stage == 0 else 0),
-        "loss_backward": dict(base, grads=grads["loss"], activations=saved + loss, buffers=staging_gpu + gathered_head),
+        "loss_backward": dict(base, grads=grads["loss"], activations=saved + loss,
+                              buffers=staging_gpu + gathered_head + kept_buckets),
         "layer_backward": dict(base, grads=grads["layer"], activations=acts["saved"] + recompute + acts["temporaries"],
                                buffers=staging_gpu + reduce_buckets + gathered_layer),
         "backward_end": dict(base, grads=grads["end"], activations=0,
