@@ -3,7 +3,9 @@
 A step passes through moments where different things are alive; the peak is the largest of them:
 - init: ZeRO-0/1/2 copy the model into one flat buffer while the original tensors still exist.
 - loss_backward: every saved activation plus the loss at its worst (stock loss: three fp32 [tokens, vocab]
-  tensors inside log_softmax's backward); no gradient exists yet (ZeRO-3 keeps its gradient buffer).
+  tensors inside log_softmax's backward); no gradient exists yet (ZeRO-3 keeps its gradient buffer), unless
+  an earlier micro-batch of the same step left its gradients (ZeRO-0/1: every p.grad, and ZeRO-1's reduce buckets;
+  ZeRO-2: its partition buffer).
   ZeRO-3 still holds lm_head gathered: it is reused within `stage3_max_reuse_distance`.
 - layer_backward: the last decoder layer's backward: its activations (recomputed if checkpointed) and
   gradient temporaries, the head's gradient, DeepSpeed's reduce buckets (ZeRO-1/2) or the gathered layer
