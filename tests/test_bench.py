@@ -4,6 +4,7 @@ import json
 import pytest
 
 from conftest import run_labs
+from labs import memory
 from labs.bench import results
 from labs.errors import LabsError
 
@@ -48,6 +49,13 @@ def test_offload_variants_change_one_lever_each():
                                                           if k != "offload_optimizer"}}
     with pytest.raises(LabsError, match="nvme is defined for labs with zero3"):
         compose("labs-zero2-nvme")
+    for side in ("labs", "stock"):      # offloadall: the parameters follow the optimizer to the host, nothing else
+        one = json.loads((CONFIGS / compose(f"{side}-zero3-offload-mb1")[1]["config"]).read_text())
+        both = json.loads((CONFIGS / compose(f"{side}-zero3-offloadall-mb1")[1]["config"]).read_text())
+        estimate = memory.estimate("qwen2.5-7b", gpus_per_node=2, ds_config=both)
+        assert both["zero_optimization"].pop("offload_param") == one["zero_optimization"]["offload_optimizer"]
+        assert both == one
+        assert estimate.inputs["offload_param"] == "cpu" and estimate.params_per_gpu_bytes < 2**30
 
 
 def test_stage_only_is_the_autotuners_zero_block_and_nothing_else():

@@ -11,7 +11,8 @@ A composed case is `SIDE-ENGINE[-OPTION...]`:
     ENGINE  zero1 | zero2 | zero3 | fsdp2
     OPTION  ckfull | cknone | ckK (checkpoint the first K layers), mbN (micro-batch), gaN (accumulation steps),
             offload (optimizer to the CPU: DeepSpeed's CPU Adam), offloadhalf (ZeRO-3: half of the optimizer to
-            the CPU, the other half stepped on the GPU: offload_optimizer.ratio 0.5), nvme (ZeRO-3: the optimizer
+            the CPU, the other half stepped on the GPU: offload_optimizer.ratio 0.5), offloadall (ZeRO-3: the
+            parameters to the CPU too, offload_param), nvme (ZeRO-3: the optimizer
             state on the disk under /tmp/labs-nvme, which must exist; swapped through CPU Adam), zenflow (ZeRO-2 offload with ZenFlow's overlapped,
             top-k selective CPU step), superoffload (ZeRO-3 offload with SuperOffload), stageonly (ZeRO-2/3 with
             the zero_optimization block cut to its stage, as DeepSpeed's autotuner runs its candidates), gpusN (ranks),
@@ -86,18 +87,20 @@ SIDES = {
                   configs={"zero2": "bench/stock_zero2.json", "zero3": "bench/stock_zero3.json",
                            "fsdp2": "bench/stock_zero3.json"},
                   offload={"zero2": "bench/stock_zero2_offload.json", "zero3": "bench/stock_zero3_offload.json"},
+                  offloadall={"zero3": "bench/stock_zero3_offload_all.json"},
                   stageonly={"zero2": "bench/stock_zero2_stage_only.json"}),
     "labs": dict(stock=False, fast=True, checkpointing="none",
                  configs={"zero1": "bench/labs_zero1.json", "zero2": "bench/labs_zero2.json",
                           "zero3": "bench/labs_zero3.json", "fsdp2": "bench/labs_zero3.json"},
                  offload={"zero2": "bench/labs_zero2_offload.json", "zero3": "bench/labs_zero3_offload.json"},
                  offloadhalf={"zero3": "bench/labs_zero3_offload_half.json"},
+                 offloadall={"zero3": "bench/labs_zero3_offload_all.json"},
                  nvme={"zero3": "bench/labs_zero3_offload_nvme.json"},
                  zenflow={"zero2": "bench/labs_zero2_offload_zenflow.json"},
                  superoffload={"zero3": "bench/labs_zero3_offload_super.json"},
                  stageonly={"zero2": "bench/labs_zero2_stage_only.json", "zero3": "bench/labs_zero3_stage_only.json"}),
 }
-_OPTION = re.compile(r"ck(full|none|\d+)|mb(\d+)|ga(\d+)|gpus(\d+)|compile|fp8|offloadhalf|offload|nvme|zenflow"
+_OPTION = re.compile(r"ck(full|none|\d+)|mb(\d+)|ga(\d+)|gpus(\d+)|compile|fp8|offloadhalf|offloadall|offload|nvme|zenflow"
                      r"|superoffload|stageonly"
                      r"|sdpa-(cudnn|flash|efficient)")
 
@@ -117,7 +120,8 @@ def compose(name: str) -> tuple[str, dict]:
         match = _OPTION.fullmatch(option)
         if not match:
             raise LabsError(f"bench case '{name}': unknown option '{option}' (ckfull, cknone, ckK, mbN, gaN, gpusN, "
-                            "compile, fp8, offload, offloadhalf, nvme, zenflow, superoffload, stageonly, sdpa-cudnn, sdpa-flash)")
+                            "compile, fp8, offload, offloadhalf, offloadall, nvme, zenflow, superoffload, stageonly, "
+                            "sdpa-cudnn, sdpa-flash)")
         if match.group(1):
             launch["activation_checkpointing"] = match.group(1)
         elif match.group(2):
@@ -128,7 +132,7 @@ def compose(name: str) -> tuple[str, dict]:
             launch["nproc"] = int(match.group(4))
         elif option in ("compile", "fp8"):
             launch[option] = True
-        elif option in ("offload", "offloadhalf", "nvme", "zenflow", "superoffload", "stageonly"):
+        elif option in ("offload", "offloadhalf", "offloadall", "nvme", "zenflow", "superoffload", "stageonly"):
             if engine not in spec.get(option, {}):
                 raise LabsError(f"bench case '{name}': {option} is defined for {side} with "
                                 f"{', '.join(spec.get(option, {})) or 'no engine'}")
