@@ -28,7 +28,8 @@ OFFLOAD_REFERENCE = "labs-zero2-mb4-ga2-gpus1"
 PARTIAL_OFFLOAD, PARTIAL_REFERENCE = "labs-zero3-offloadhalf-mb8-gpus1", "labs-zero3-mb4-ga2-gpus1"
 
 
-def _result(suffix: str) -> dict:
+def result_file(suffix: str) -> dict:
+    """The one recorded result file whose name ends with `suffix` (e.g. "x_sweep_3b_1xh200")."""
     matches = [r for name, r in results.load_all().items() if name.endswith(suffix)]
     if len(matches) != 1:
         raise KeyError(f"results/gpu/*{suffix}.json: {len(matches)} files")
@@ -37,7 +38,7 @@ def _result(suffix: str) -> dict:
 
 def case_rows(suffix: str) -> list[dict]:
     """Every case of one recorded invocation, failed ones included (an OOM is a finding)."""
-    result = _result(suffix)
+    result = result_file(suffix)
     predicted = {p["case"]: p for p in result.get("sweep", {}).get("plan", [])}
     rows = []
     for name, case in result["cases"].items():
@@ -100,7 +101,7 @@ def lever_rows(suffix: str, base: str) -> list[dict]:
 def offload_rows(suffix: str = RUNS["offload"]) -> list[dict]:
     """Run m's cases with the optimizer step's seconds (DeepSpeed's `step` timer: on the CPU for offload cases) and
     its share of the whole step; an invalid case keeps its row, with why."""
-    timers = {name: case.get("timers_ms") or {} for name, case in _result(suffix)["cases"].items()}
+    timers = {name: case.get("timers_ms") or {} for name, case in result_file(suffix)["cases"].items()}
     rows = []
     for row in case_rows(suffix):
         if row["status"] == "ok":
@@ -122,7 +123,7 @@ def offload_bounds(suffix: str = RUNS["offload"], to_preset="qwen2.5-7b") -> dic
     labs, stock = best(suffix, "labs", offload=True), best(suffix, "stock", offload=True)
     labs, stock = rows[labs["case"]], rows[stock["case"]]
     gpu_labs, gpu_stock = labs["step_s"] - labs["optimizer_step_s"], stock["step_s"] - stock["optimizer_step_s"]
-    here, there = (models.shape(p) for p in (_result(suffix)["preset"], to_preset))
+    here, there = (models.shape(p) for p in (result_file(suffix)["preset"], to_preset))
     params = models.param_counts(there)["total"] / models.param_counts(here)["total"]
     flops = models.flops_per_token(there, 4096) / models.flops_per_token(here, 4096)
     cpu_there, gpu_there = labs["optimizer_step_s"] * params, gpu_labs * flops
@@ -167,7 +168,7 @@ def round5_rows() -> list[dict]:
     the thread count the result file records."""
     rows = [dict(r, run=letter) for letter, run in (("p", "ratio"), ("q", "nvme")) for r in offload_rows(RUNS[run])]
     for threads, suffix in THREADS.items():
-        assert _result(suffix)["environment"]["OMP_NUM_THREADS"] == str(threads)
+        assert result_file(suffix)["environment"]["OMP_NUM_THREADS"] == str(threads)
         rows += [dict(r, run=f"r, {threads} threads", threads=threads) for r in offload_rows(suffix)]
     return rows
 

@@ -58,7 +58,7 @@ def out_of_memory(run: str) -> list[dict]:
     labs.memory counts as usable, the peak the planner predicted when it chose the case (stored with the run), and the
     peak today's labs.memory predicts."""
     preset, cap = SETUPS[run]
-    result = gpu_report._result(SWEEPS[run])
+    result = gpu_report.result_file(SWEEPS[run])
     planned = {p["case"]: p for p in result["sweep"]["plan"]}
     budget = memory.parse_bytes(cap) if cap else memory.parse_bytes(result["sweep"]["gpu_memory"])
     found = []
