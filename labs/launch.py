@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from labs import config as config_lib
-from labs import data, models, multinode, preflight, rendezvous, resolve, runcache, runfolder, supervisor
+from labs import data, models, multinode, peers, preflight, rendezvous, resolve, runcache, runfolder, supervisor
 from labs import env as env_lib
 from labs import resume as resume_lib
 from labs.errors import LabsError, RankFailed, RunStopped, check_choice
@@ -189,10 +189,13 @@ def run(stream=True, **kwargs) -> Run:
         try:
             code = supervisor.run(command, env, work / "launch.log", echo=stream)
         except (KeyboardInterrupt, RunStopped) as stop:
+            if nodes:       # the other nodes' ranks may be waiting on this node's in a collective (labs.peers)
+                peers.announce(nodes.host, nodes.port, f"node {nodes.node_rank}: interrupted")
             stop.kept = resume_lib.keep_interrupted(work, out, str(stop) or "interrupted (Ctrl-C)")
             raise
         if code != 0:
             if nodes:
+                peers.announce(nodes.host, nodes.port, f"node {nodes.node_rank}: its launcher exited with code {code}")
                 unmet = rendezvous.rendezvous_failure((work / "launch.log").read_text(errors="replace"))
                 if unmet and not list(work.glob("rank*.err")):
                     raise LabsError(f"{unmet}; launcher exit code {code}, nothing kept")

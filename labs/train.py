@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from labs import checkpoint, data, env, fsdp, metrics, models, zenflow_layout
+from labs import checkpoint, data, env, fsdp, metrics, models, peers, zenflow_layout
 
 
 class Instrument:
@@ -57,6 +57,7 @@ def main(run_dir: Path, instruments: list[Instrument] = ()):
     for instrument in instruments:
         instrument.before_engine()
     engine = build_engine(spec, ds_config, device)
+    peer_watch = peers.watch(run_dir, rank)       # several nodes: stop when another node's run stops (see there)
     done = checkpoint.restore(engine, spec, run_dir)          # optimizer steps a resumed run has behind it (else 0)
     for instrument in instruments:
         instrument.after_engine(engine)
@@ -95,6 +96,7 @@ def main(run_dir: Path, instruments: list[Instrument] = ()):
             log.write(meter.step_record(step, seconds, losses, peaks, lr, engine, mine))
         check_finite(step, losses)      # every rank holds every loss: all of them stop at the same step
         checkpoint.save_if_due(engine, step, spec, run_dir)
+    peer_watch.finished()
     for instrument in instruments:
         instrument.finished(engine)
     per_rank = _gather_objects(dict(allocated_after_init=allocated_after_init,
