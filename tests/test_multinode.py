@@ -266,10 +266,8 @@ def test_deepspeeds_launcher_without_ssh_trains_the_same(two_nodes, tmp_path):
         == [("0", "0", "1"), ("1", "1", "1")]
 
 
-def test_a_stop_announced_in_the_rendezvous_store_stops_every_node(tmp_path):
-    """What a node's launcher does when its run is interrupted or fails (labs.peers.announce), done here while both
-    nodes still train: every rank must stop within seconds, even one that gloo would leave waiting on a peer."""
-    from labs import peers
+def _two_nodes_training(tmp_path):
+    """Two emulated nodes (one CPU rank each) launched as a user would, once node 0 has logged a step."""
     from labs.course import multinode as emulation
 
     port = emulation.free_port()
@@ -282,32 +280,33 @@ def test_a_stop_announced_in_the_rendezvous_store_stops_every_node(tmp_path):
     while "step " not in logs[0].read_text() and time.monotonic() < deadline:
         assert all(p.poll() is None for p in procs), logs[0].read_text()[-2000:]
         time.sleep(0.5)
+    return port, procs, logs
+
+
+def _nothing_left(tmp_path):
+    left = subprocess.run(["pgrep", "-f", f"labs.rank {tmp_path}"], capture_output=True, text=True).stdout.split()
+    assert not left and not (tmp_path / "run").exists() and not (tmp_path / "run.node1").exists()
+
+
+def test_a_stop_announced_in_the_rendezvous_store_stops_every_node(tmp_path):
+    """What a node's launcher does when its run is interrupted or fails (labs.peers.announce), done here while both
+    nodes still train: every rank must stop within seconds, even one that gloo would leave waiting on a peer."""
+    from labs import peers
+
+    port, procs, logs = _two_nodes_training(tmp_path)
     assert peers.announce("127.0.0.1", port, "announced by the test")
     codes = [p.wait(timeout=60) for p in procs]
     assert codes == [1, 1]
     for log in logs:
         assert "stops: another node's run stopped (announced by the test)" in log.read_text()
-    left = subprocess.run(["pgrep", "-f", f"labs.rank {tmp_path}"], capture_output=True, text=True).stdout.split()
-    assert not left and not (tmp_path / "run").exists() and not (tmp_path / "run.node1").exists()
+    _nothing_left(tmp_path)
 
 
 def test_sigint_on_one_node_stops_every_process_of_both(tmp_path):
-    from labs.course import multinode as emulation
-
-    port = emulation.free_port()
-    commands = [emulation.train_command(tmp_path / "run", k, 2, port, 1, steps=500) for k in (0, 1)]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    logs = [tmp_path / f"node{k}.log" for k in (0, 1)]
-    procs = [subprocess.Popen([c for c in command if c != "--quiet"], env=env, stdout=open(log, "w"),
-                              stderr=subprocess.STDOUT) for command, log in zip(commands, logs)]
-    deadline = time.monotonic() + 300
-    while "step " not in logs[0].read_text() and time.monotonic() < deadline:
-        assert all(p.poll() is None for p in procs), logs[0].read_text()[-2000:]
-        time.sleep(0.5)
+    _, procs, logs = _two_nodes_training(tmp_path)
     procs[1].send_signal(signal.SIGINT)
     codes = [p.wait(timeout=60) for p in procs]
     assert codes[1] == 130 and codes[0] == 1
     assert "labs: interrupted" in logs[1].read_text()
     assert "several nodes: a rank elsewhere may have failed first" in logs[0].read_text()
-    left = subprocess.run(["pgrep", "-f", f"labs.rank {tmp_path}"], capture_output=True, text=True).stdout.split()
-    assert not left and not (tmp_path / "run").exists() and not (tmp_path / "run.node1").exists()
+    _nothing_left(tmp_path)
