@@ -302,11 +302,14 @@ def test_a_stop_announced_in_the_rendezvous_store_stops_every_node(tmp_path):
     _nothing_left(tmp_path)
 
 
-def test_sigint_on_one_node_stops_every_process_of_both(tmp_path):
+@pytest.mark.parametrize("stopped", [1, 0])
+def test_sigint_on_one_node_stops_every_process_of_both(tmp_path, stopped):
+    """Ctrl-C on node 1, or on node 0, which holds the rendezvous store: the other node stops too."""
+    other = 1 - stopped
     _, procs, logs = _two_nodes_training(tmp_path)
-    procs[1].send_signal(signal.SIGINT)
+    procs[stopped].send_signal(signal.SIGINT)
     codes = [p.wait(timeout=60) for p in procs]
-    assert codes[1] == 130 and codes[0] == 1
-    assert "labs: interrupted" in logs[1].read_text()
-    assert "several nodes: a rank elsewhere may have failed first" in logs[0].read_text()
+    assert codes[stopped] == 130 and codes[other] == 1
+    assert "labs: interrupted" in logs[stopped].read_text()
+    assert "several nodes: a rank elsewhere may have failed first" in logs[other].read_text()
     _nothing_left(tmp_path)
