@@ -60,10 +60,14 @@ class _Nothing:
         pass
 
 
+def local_world_size() -> int:
+    """Ranks per node, from the launcher: torchrun's LOCAL_WORLD_SIZE, DeepSpeed's LOCAL_SIZE; else one node."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("LOCAL_SIZE") or dist.get_world_size())
+
+
 def watch(run_dir: Path, rank: int):
     """Start watching when this run spans several nodes (more ranks in the world than on this node)."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= int(os.environ.get("LOCAL_WORLD_SIZE", world)):
+    if dist.get_world_size() <= local_world_size():
         return _Nothing()
     store = dist.distributed_c10d._get_default_store()
     while isinstance(store, dist.PrefixStore):      # torchrun and the process group prefix their keys; the launcher

@@ -57,10 +57,10 @@ def out_of_memory(run: str) -> list[dict]:
     """Every case of a sweep that ran out of GPU memory: what PyTorch held and asked for when it failed, the budget
     labs.memory counts as usable, the peak the planner predicted when it chose the case (stored with the run), and the
     peak today's labs.memory predicts."""
-    preset, cap = SETUPS[run]
+    preset = SETUPS[run][0]
     result = gpu_report.result_file(SWEEPS[run])
     planned = {p["case"]: p for p in result["sweep"]["plan"]}
-    budget = memory.parse_bytes(cap) if cap else memory.parse_bytes(result["sweep"]["gpu_memory"])
+    budget = memory.parse_bytes(result["sweep"]["gpu_memory"])        # the cap the sweep ran under, as it recorded
     found = []
     for name, case in result["cases"].items():
         if case["status"] == "ok" or "OutOfMemory" not in case.get("error", ""):

@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import functools
 import inspect
-import os
 import threading
 
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
+from labs import peers
 from labs.memory import layout as zero_layout
 from labs.train import Instrument
 
@@ -113,7 +113,7 @@ class CollectiveCounter:
     def _across_nodes(self, group) -> bool:
         if id(group) not in self._spans:
             self._spans[id(group)] = spans_nodes(dist.get_process_group_ranks(group or dist.group.WORLD),
-                                                 local_world_size())
+                                                 peers.local_world_size())
         return self._spans[id(group)]
 
     def take(self) -> dict:
@@ -149,11 +149,6 @@ class Comm(Instrument):
 
     def summary(self) -> dict:
         return self.counter.totals
-
-
-def local_world_size() -> int:
-    """Ranks per node, from the launcher: torchrun's LOCAL_WORLD_SIZE, DeepSpeed's LOCAL_SIZE; else one node."""
-    return int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("LOCAL_SIZE") or dist.get_world_size())
 
 
 def spans_nodes(ranks, ranks_per_node: int) -> bool:
