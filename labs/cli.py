@@ -86,7 +86,8 @@ def _train_args(sub):
                                                         "(default: a new run)")
     p.add_argument("--instruments", type=lambda text: tuple(n for n in text.split(",") if n),
                    default=("state_bytes",), help="comma-separated measurements besides training: state_bytes, "
-                                                  "comm, zero_buffers, state_dict, probe_logits, rank_env "
+                                                  "comm, zero_buffers, state_dict, probe_logits, rank_env, "
+                                                  "peak_allocations (GPU) "
                                                   "(default: state_bytes)")
     p.add_argument("--quiet", action="store_true", help="do not stream the ranks' output")
     n = p.add_argument_group("several nodes (torchrun: --nnodes ...; DeepSpeed's launcher: --hostfile ...)")

@@ -32,8 +32,8 @@ from labs.runfolder import Run
 ENGINES = resolve.ENGINES
 # What the rank loop can measure besides training (labs.instruments): the engine's tensors after the last backward,
 # the bytes every collective moves, ZeRO's working buffers, a checkpoint's format, the ready engine's logits, the
-# environment each rank got. Named here so bad names fail before any rank starts.
-INSTRUMENTS = ("state_bytes", "comm", "zero_buffers", "state_dict", "probe_logits", "rank_env")
+# environment each rank got, the GPU blocks alive at the peak. Named here so bad names fail before any rank starts.
+INSTRUMENTS = ("state_bytes", "comm", "zero_buffers", "state_dict", "probe_logits", "rank_env", "peak_allocations")
 GPU_ONLY = {"loss": "liger", "kernels": "liger"}       # Liger's Triton kernels
 DEVICES = (None, "cpu", "cuda")                         # None: the GPUs where there are any, else the CPU
 

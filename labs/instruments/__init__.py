@@ -13,8 +13,11 @@ the `labs.train.Instrument` hooks. Each one's findings land in summary.json unde
 - probe_logits (logits.py): the engine's logits on a fixed probe once it is ready (in a resumed run: loaded from
   its checkpoint), written to RUN_DIR/probe_logits.pt; chapter 5 checks exported models against them.
 - rank_env (environment.py): the variables a launcher set for each rank (RANK, LOCAL_RANK, TORCHELASTIC_*, NCCL_*).
+- peak_allocations (allocations.py): the GPU blocks alive at the run's peak, grouped by the code that allocated
+  them, from PyTorch's allocator record (GPU only; it slows the run: for finding what a memory prediction missed).
 """
 from labs.errors import check_choice
+from labs.instruments.allocations import PeakAllocations
 from labs.instruments.buffers import ZeroBuffers
 from labs.instruments.checkpoints import StateDict
 from labs.instruments.comm import Comm
@@ -22,7 +25,7 @@ from labs.instruments.environment import RankEnv
 from labs.instruments.logits import ProbeLogits
 from labs.instruments.state import StateBytes
 
-INSTRUMENTS = {cls.name: cls for cls in (StateBytes, Comm, ZeroBuffers, StateDict, ProbeLogits, RankEnv)}
+INSTRUMENTS = {cls.name: cls for cls in (StateBytes, Comm, ZeroBuffers, StateDict, ProbeLogits, RankEnv, PeakAllocations)}
 
 
 def build(names, run_dir=None, spec=None) -> list:
