@@ -45,6 +45,11 @@ def test_a_free_that_waits_for_another_stream_still_holds_its_bytes():
     assert (held["peak_bytes"], released["peak_bytes"]) == (110, 100)
 
 
+def test_blocks_of_the_autograd_thread_have_no_frames_and_share_one_label():
+    found = allocations.peak_groups([event("alloc", 1, 8), event("alloc", 2, 4), event("alloc", 3, 2, GATHER)])
+    assert found["groups"][0] == {"label": allocations.NO_FRAMES, "bytes": 12, "blocks": 2}
+
+
 def test_bytes_from_before_the_record_and_frees_it_never_saw_are_kept_apart():
     found = allocations.peak_groups([event("free_completed", 7, 40), event("alloc", 1, 25, GATHER)], before_bytes=1000)
     assert found["peak_bytes"] == 1025 and found["unmatched_free_bytes"] == 40

@@ -12,8 +12,13 @@ blocks alive at that moment by where they were allocated.
 Each rank writes RUN_DIR/peak_allocations_rankN.json (every group, and each live block with its stack) and puts the
 largest groups in summary.json. The replayed peak is checked against `torch.cuda.max_memory_allocated()`: the two
 agree when the record is complete (the record keeps the last `MAX_ENTRIES` events; an older event lost makes the
-file say so). Blocks the autograd engine's C++ code allocated carry only the Python frames that started backward:
-their label starts with "(autograd engine)".
+file say so). Blocks that the autograd engine's thread allocated during backward have no Python frame at all (on a
+GPU backward runs on that thread): they share one label.
+
+While it records, activation checkpointing runs each recompute to its end (`set_checkpoint_early_stop(False)`):
+with early stop, torch 2.11 fails in the first recompute that meets a custom autograd Function (DeepSpeed ZeRO-3's
+Linear: "SystemError: ... returned NULL without setting an exception", pytorch/pytorch#179536, round 8). A decoder
+layer's recompute needs the whole layer anyway, so the peak should not move; the file records the setting.
 
 GPU only: the CPU has no caching allocator to record. On a CPU run the instrument records nothing and says why.
 """
@@ -22,6 +27,7 @@ from __future__ import annotations
 import json
 
 import torch
+import torch.utils.checkpoint
 
 from labs.train import Instrument
 
@@ -31,6 +37,7 @@ TOP_GROUPS = 25
 INTERESTING = ("labs/", "liger_kernel/", "transformers/", "deepspeed/", "torch/distributed/", "torch/utils/checkpoint",
                "torch/optim/")
 LABEL_FRAMES = 3
+NO_FRAMES = "(no Python frame: the autograd engine's thread, a gradient or temporary of backward)"
 
 
 class PeakAllocations(Instrument):
@@ -45,6 +52,8 @@ class PeakAllocations(Instrument):
             self.found = {"skipped": "no CUDA device: the CPU has no caching allocator to record"}
             return
         self.before_bytes = torch.cuda.memory_allocated()
+        self.whole_recompute = torch.utils.checkpoint.set_checkpoint_early_stop(False)
+        self.whole_recompute.__enter__()
         torch.cuda.memory._record_memory_history(max_entries=MAX_ENTRIES, stacks="python")
         self.recording = True
 
@@ -53,10 +62,12 @@ class PeakAllocations(Instrument):
             return
         snapshot = torch.cuda.memory._snapshot()
         torch.cuda.memory._record_memory_history(enabled=None)
+        self.whole_recompute.__exit__(None, None, None)
         events = snapshot["device_traces"][torch.cuda.current_device()]
         found = peak_groups(events, self.before_bytes)
         found["max_memory_allocated_bytes"] = torch.cuda.max_memory_allocated()
         found["record_complete"] = len(events) < MAX_ENTRIES
+        found["checkpoint_early_stop"] = False
         rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
         if self.run_dir is not None:
             (self.run_dir / f"peak_allocations_rank{rank}.json").write_text(json.dumps(found, indent=1))
@@ -99,12 +110,15 @@ def peak_groups(events: list[dict], before_bytes: int = 0) -> dict:
 
 
 def label(frames: list[dict]) -> str:
-    """The innermost `LABEL_FRAMES` frames in interesting code, innermost first. A block allocated by autograd's
-    C++ engine has no Python frame of its own (its innermost is torch.autograd's call into the engine), so its
-    label is the code that started backward, marked "(autograd engine)"."""
+    """The innermost `LABEL_FRAMES` frames in interesting code, innermost first. On a GPU the autograd engine runs
+    backward on its own thread, which has no Python frames: its gradients and temporaries get one label. A block
+    allocated by the engine on the calling thread (its innermost frame is torch.autograd's call into it) is marked
+    "(autograd engine)" before the code that started backward."""
+    if not frames:
+        return NO_FRAMES
     picked = [_frame(f) for f in frames if any(part in f["filename"] for part in INTERESTING)][:LABEL_FRAMES]
-    text = " < ".join(picked) or "(no Python frame in labs, torch.distributed, transformers, Liger or DeepSpeed)"
-    return "(autograd engine) " + text if frames and "torch/autograd/" in frames[0]["filename"] else text
+    text = " < ".join(picked) or "(no frame in labs, torch.distributed, transformers, Liger or DeepSpeed)"
+    return "(autograd engine) " + text if "torch/autograd/" in frames[0]["filename"] else text
 
 
 def _apply(event: dict, live: dict, allocated: int, unmatched: int) -> tuple[int, int]:
