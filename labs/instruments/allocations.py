@@ -15,10 +15,11 @@ agree when the record is complete (the record keeps the last `MAX_ENTRIES` event
 file say so). Blocks that the autograd engine's thread allocated during backward have no Python frame at all (on a
 GPU backward runs on that thread): they share one label.
 
-While it records, activation checkpointing runs each recompute to its end (`set_checkpoint_early_stop(False)`):
-with early stop, torch 2.11 fails in the first recompute that meets a custom autograd Function (DeepSpeed ZeRO-3's
-Linear: "SystemError: ... returned NULL without setting an exception", pytorch/pytorch#179536, round 8). A decoder
-layer's recompute needs the whole layer anyway, so the peak should not move; the file records the setting.
+Not with DeepSpeed ZeRO-3 and activation checkpointing on torch 2.11 (round 8, tools/gpu_round8.jobs): with the
+record on, the first recompute that meets ZeRO-3's custom Linear Function fails ("SystemError: ... returned NULL
+without setting an exception", pytorch/pytorch#179536: the record and checkpointing's early stop); with early stop
+off as well, ZeRO-3's recompute finds a released parameter ("The size of tensor a (0) must match ..."). FSDP2 and
+ZeRO-3 without checkpointing are not affected.
 
 GPU only: the CPU has no caching allocator to record. On a CPU run the instrument records nothing and says why.
 """
@@ -27,7 +28,6 @@ from __future__ import annotations
 import json
 
 import torch
-import torch.utils.checkpoint
 
 from labs.train import Instrument
 
@@ -52,8 +52,6 @@ class PeakAllocations(Instrument):
             self.found = {"skipped": "no CUDA device: the CPU has no caching allocator to record"}
             return
         self.before_bytes = torch.cuda.memory_allocated()
-        self.whole_recompute = torch.utils.checkpoint.set_checkpoint_early_stop(False)
-        self.whole_recompute.__enter__()
         torch.cuda.memory._record_memory_history(max_entries=MAX_ENTRIES, stacks="python")
         self.recording = True
 
@@ -62,12 +60,10 @@ class PeakAllocations(Instrument):
             return
         snapshot = torch.cuda.memory._snapshot()
         torch.cuda.memory._record_memory_history(enabled=None)
-        self.whole_recompute.__exit__(None, None, None)
         events = snapshot["device_traces"][torch.cuda.current_device()]
         found = peak_groups(events, self.before_bytes)
         found["max_memory_allocated_bytes"] = torch.cuda.max_memory_allocated()
         found["record_complete"] = len(events) < MAX_ENTRIES
-        found["checkpoint_early_stop"] = False
         rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
         if self.run_dir is not None:
             (self.run_dir / f"peak_allocations_rank{rank}.json").write_text(json.dumps(found, indent=1))

@@ -181,7 +181,8 @@ def fsdp2(params, layout, dims, stage, world, d, mixed, state_bytes, offload_opt
     `settings` is the config's "fsdp" block (labs.fsdp.settings): `replicas` groups each hold a full sharded copy
     (the shard group is world / replicas ranks); offload "cpu" moves the shards and the optimizer to the host;
     reshard_after_forward false (or k) keeps every layer's gathered parameters (or a 1/k slice) from forward to
-    backward. With gradient accumulation the fp32 gradient shards of the earlier micro-batches stay through the
+    backward. Backward has two candidate peaks: its start (every saved activation, almost no gradient) and its end
+    (every layer's gradient shard but the first layer's, that layer's activations). With gradient accumulation the fp32 gradient shards of the earlier micro-batches stay through the
     later ones' forward and backward (FSDP2 accumulates into them): measured on 2 x H200, +14 GiB at Qwen2.5-7B."""
     settings = settings or {"reshard_after_forward": True, "offload": "none", "replicas": 1}
     shard = -(-params // (world // settings["replicas"]))
@@ -198,13 +199,24 @@ def fsdp2(params, layout, dims, stage, world, d, mixed, state_bytes, offload_opt
     # FSDP2 allocates each layer's sharded fp32 gradient when that layer's backward reduce-scatters it (and
     # zero_grad(set_to_none) frees them all after the step), unlike DeepSpeed's gradient buffers that exist for
     # the whole step. So early in backward almost no gradient exists yet and nearly all activations still do.
-    layer_grad_shard = 0 if on_host else 4 * acts["layer_params"] / (world // settings["replicas"])
+    group = world // settings["replicas"]
+    layer_grad_shard = 0 if on_host else 4 * acts["layer_params"] / group
     accumulated = 4 * shard if accumulation > 1 and not on_host else 0
+    # The other end of backward (the first layer's backward, the last one it meets): every later layer's gradient
+    # shard exists by then, while the root's (embedding, head, final norm) come only after it, and the head's
+    # unsharded gradient waits for them. Measured with the peak_allocations instrument on one H200 (round 8): at
+    # Qwen2.5-7B, micro-batch 8, every layer checkpointed, this is the peak, 6 GiB above the optimizer step.
+    root_params = acts["head"] * (1 if dims and dims["tie_word_embeddings"] else 2) + (dims or {}).get("hidden_size", 0)
+    later_layers = 0 if on_host else 4 * (params - root_params - acts["layer_params"]) / group
     phases = {
         "loss_backward": dict(base, grads=accumulated, activations=saved + acts["loss"], buffers=root + kept),
         "layer_backward": dict(base, grads=accumulated + layer_grad_shard,
                                activations=acts["saved"] + recompute + acts["temporaries"],
                                buffers=root + kept + layer + (d + 4) * acts["layer_params"]),  # + its unsharded grad
+        "backward_end": dict(base, grads=max(accumulated, later_layers),
+                             activations=acts["layer"] + acts["temporaries"],
+                             # the gathered layer and its fp32 reduce-scatter input; the head's unsharded gradient
+                             buffers=root + kept + (d + 4) * acts["layer_params"] + d * acts["head"]),
         "optimizer_step": dict(base, grads=0 if on_host else 4 * shard, activations=0, buffers=0),
     }
     resident = [dict(rank=r, params_bytes=int(4 * shard), grads_bytes=int(4 * shard),
