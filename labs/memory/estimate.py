@@ -226,7 +226,7 @@ def _offload(given, zero: dict, part: str):
 
 def _activations(dims, micro_batch, seq_len, checkpointing, loss, kernels, d) -> dict:
     if dims is None:
-        return dict(parts={}, loss_parts={}, saved=0, final_norm=0, layer=0, temporaries=0, loss=0,
+        return dict(parts={}, loss_parts={}, saved=0, final_norm=0, layer=0, layer_input=0, temporaries=0, loss=0,
                     checkpointed=0, layers=0, head=0, layer_params=0)
     parts = act.activation_bytes(dims, micro_batch, seq_len, checkpointing, kernels, d)
     tokens = micro_batch * seq_len
@@ -236,6 +236,7 @@ def _activations(dims, micro_batch, seq_len, checkpointing, loss, kernels, d) ->
     return dict(parts=parts, loss_parts=loss_parts,
                 saved=parts["layers kept whole"] + parts["checkpointed layer inputs"] + parts["token ids"],
                 final_norm=parts["final norm"], layer=act.layer_bytes_per_token(dims, kernels, d) * tokens,
+                layer_input=act.checkpointed_layer_bytes_per_token(dims, d) * tokens,
                 temporaries=act.backward_temporaries_bytes_per_token(dims, kernels, d) * tokens,
                 loss=sum(loss_parts.values()), loss_kind=loss,
                 checkpointed=models.checkpointed_layers(checkpointing, dims["num_hidden_layers"]),

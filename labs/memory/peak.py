@@ -79,6 +79,8 @@ def deepspeed(params, layout, dims, stage, world, d, mixed, state_bytes, offload
         # micro-batches' gradients wait on the host
         kept_on_gpu = 0 if offload_optimizer else grads_kept
         grads = dict(loss=kept_on_gpu if accumulation > 1 else 0, layer=kept_on_gpu, end=kept_on_gpu, step=kept_on_gpu)
+        if accumulation == 1 and _layers_before_first_reduce(acts, dims, knobs):
+            grads["layer"] = 0     # the buffer is allocated by the first bucket's reduction: not yet there
     else:                                                      # ZeRO-0/1: p.grad of every parameter
         head_grad = d * acts["head"]
         after = 0 if offload_optimizer else grads_kept
@@ -89,11 +91,16 @@ def deepspeed(params, layout, dims, stage, world, d, mixed, state_bytes, offload
     # ---- DeepSpeed's temporary buffers at each moment
     reduce_buckets = reduce_bucket_bytes(knobs, d) if stage in (1, 2) else 0
     gathered_head = gathered_layer = gathered_embedding = 0
-    if stage == 3:
+    if stage == 3 and world > 1:
         live, prefetch = knobs["stage3_max_live_parameters"], knobs["stage3_prefetch_bucket_size"]
         gathered_head = d * min(live, acts["head"] + prefetch)
         gathered_layer = d * min(live, acts["layer_params"] + prefetch)
         gathered_embedding = 2 * d * acts["head"]               # gathered weight + its dense gradient
+    elif stage == 3:
+        # one rank holds every parameter whole: DeepSpeed gathers nothing (partition_parameters.py returns
+        # `_no_gather_coalesced` when every partition's world is 1; round 8's allocator record shows no gathered
+        # block at the peak); the embedding's dense gradient remains
+        gathered_embedding = d * acts["head"]
     if offload_optimizer:
         step_copies = (d + 4) * max(on_gpu, default=0)         # the update runs on the host, but for on_gpu
     elif stage == 3:
@@ -123,7 +130,32 @@ def deepspeed(params, layout, dims, stage, world, d, mixed, state_bytes, offload
                              buffers=staging_gpu + reduce_buckets + allreduce_bucket + gathered_embedding),
         "optimizer_step": dict(base, grads=grads["step"], activations=0, buffers=staging_gpu + step_copies),
     }
+    if stage == 2 and grads["layer"] == 0 and grads["end"]:
+        phases["first_reduce"] = dict(base, grads=grads["end"], buffers=staging_gpu + reduce_buckets,
+                                      activations=_activations_after(acts, _layers_before_first_reduce(acts, dims, knobs)))
     return phases, resident, host, nvme
+
+
+def _layers_before_first_reduce(acts, dims, knobs) -> int:
+    """ZeRO-2 (one micro-batch per step) allocates its gradient partition when the first reduce bucket fills. Backward
+    meets the untied head first (a tied head's gradient is complete only at the embedding, at the very end), then
+    the final norm, then the decoder layers from the last: the decoder layers whose backward ends before a bucket of
+    reduce_bucket_size elements is full. 0: the bucket is full before the first decoder layer's backward ends. Round 8
+    measured it (labs ZeRO-2 on the 3B, tied, 1e9-element buckets: no partition at the peak, 13 layers in)."""
+    if not dims or not knobs["contiguous_gradients"]:
+        return 0
+    first = (0 if dims["tie_word_embeddings"] else acts["head"]) + dims["hidden_size"]
+    return max(0, -(-int(knobs["reduce_bucket_size"] - first) // acts["layer_params"]))
+
+
+def _activations_after(acts, done: int) -> int:
+    """The saved activations left when backward has finished the last `done` decoder layers (the kept-whole layers
+    come last in the model, so backward frees them first), plus the next layer's backward temporaries."""
+    layers, checkpointed = acts["layers"], acts["checkpointed"]
+    whole = min(done, layers - checkpointed)
+    freed = whole * acts["layer"] + (min(done, layers) - whole) * acts["layer_input"]
+    following_recomputes = done < layers and layers - done <= checkpointed
+    return acts["saved"] - freed + acts["temporaries"] + (acts["layer"] if following_recomputes else 0)
 
 
 def _gpu_sub_groups(z3: dict, knobs: dict) -> list[int]:
