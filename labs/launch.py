@@ -187,7 +187,8 @@ def run(stream=True, **kwargs) -> Run:
             resume_lib.prepare_work(spec, work)
         oom_before = supervisor.oom_kills()
         try:
-            code = supervisor.run(command, env, work / "launch.log", echo=stream)
+            with peers.heartbeat(nodes):    # several nodes: the others' ranks stop if this node goes silent
+                code = supervisor.run(command, env, work / "launch.log", echo=stream)
         except (KeyboardInterrupt, RunStopped) as stop:
             if nodes:       # the other nodes' ranks may be waiting on this node's in a collective (labs.peers)
                 peers.announce(nodes.host, nodes.port, f"node {nodes.node_rank}: interrupted")

@@ -1,6 +1,8 @@
 """Several nodes through existing launchers: the flags, the commands and files labs generates, bad input refused in
 bounded time, and (end to end) two emulated nodes at 127.0.0.1 training like one node of the same world size."""
+import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -312,4 +314,69 @@ def test_sigint_on_one_node_stops_every_process_of_both(tmp_path, stopped):
     assert codes[stopped] == 130 and codes[other] == 1
     assert "labs: interrupted" in logs[stopped].read_text()
     assert "several nodes: a rank elsewhere may have failed first" in logs[other].read_text()
+    _nothing_left(tmp_path)
+
+
+def _process_tree(pid: int) -> list[int]:
+    """`pid` and every process below it (from /proc's parent ids)."""
+    children = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()      # after the command name, which may hold spaces
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    tree, todo = [], [pid]
+    while todo:
+        tree.append(todo.pop())
+        todo += children.get(tree[-1], [])
+    return tree
+
+
+def test_a_silent_node_is_told_from_one_still_starting():
+    """labs.peers.Heartbeats on readings alone: a counter at 0 (its launcher not beating yet) never alarms; one that
+    moved and then stood still for longer than the timeout does, named with how long; moving again clears it."""
+    from labs.peers import Heartbeats
+
+    beats = Heartbeats(timeout_s=30)
+    assert beats.silent({1: 0, 2: 0}, now=0) is None
+    assert beats.silent({1: 0, 2: 0}, now=100) is None          # not started, however long
+    assert beats.silent({1: 3, 2: 0}, now=101) is None          # node 1 moved: timed from here
+    assert beats.silent({1: 3, 2: 1}, now=131) is None          # 30 s still: not longer than the timeout
+    assert beats.silent({1: 3, 2: 1}, now=131.5) == (1, 30.5)
+    assert beats.silent({1: 4, 2: 1}, now=140) is None          # moved again (a late reading, e.g. a starved thread)
+    assert beats.silent({1: 9, 2: 1}, now=162) == (2, 31)       # node 2 stood still since its first count, at 131
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGSTOP"])
+def test_a_node_killed_outright_stops_every_other_node(tmp_path, monkeypatch, how):
+    """Node 1's launcher and ranks all die at once (SIGKILL: nobody announces a stop), or all freeze (SIGSTOP: a
+    dead host across a network, whose connections stay open and silent, since no machine is left to close them).
+    Node 1's heartbeat stands still (labs.peers), and node 0's rank stops within the heartbeat's timeout instead of
+    waiting out gloo's 30 minutes."""
+    from labs import peers
+
+    timeout_s = 5
+    monkeypatch.setenv(peers.TIMEOUT_ENV, str(timeout_s))
+    _, procs, logs = _two_nodes_training(tmp_path)
+    node1 = _process_tree(procs[1].pid)
+    assert len(node1) >= 3, node1                    # labs, torchrun, the rank
+    try:
+        for pid in node1:
+            os.kill(pid, getattr(signal, how))
+        since = time.monotonic()
+        code = procs[0].wait(timeout=timeout_s + 60)
+        seconds = time.monotonic() - since
+    finally:                                         # node 1 frozen, or a failed check: nothing may keep running
+        for pid in _process_tree(procs[0].pid) + node1:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    assert procs[1].wait() == -signal.SIGKILL and code == 1
+    assert seconds < timeout_s + 10, seconds
+    log = logs[0].read_text()
+    silent = "stops: node 1's launcher stopped answering: its heartbeat has not moved for "
+    if how == "SIGSTOP":
+        assert silent in log, log[-3000:]
+    else:       # on one machine the killed processes' connections close, and gloo may raise before the timeout
+        assert silent in log or re.search(r"Connection (closed|reset) by peer", log), log[-3000:]
     _nothing_left(tmp_path)
