@@ -8,6 +8,16 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def interruptible(command: list[str]) -> list[str]:
+    """`command`, started with SIGINT's default action restored, for a process a test sends SIGINT (Ctrl-C). A shell
+    that ignores SIGINT (a non-interactive shell's background job: `cmd &`) passes SIG_IGN on to every child, and
+    Python then installs no KeyboardInterrupt handler, so the SIGINT would do nothing. A small exec, not
+    preexec_fn: that is unsafe in a test process with threads."""
+    restore = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+               "os.execv(sys.argv[1], sys.argv[1:])")
+    return [sys.executable, "-c", restore, *map(str, command)]
+
+
 def run_labs(*args, cwd=None, timeout=600):
     """`python -m labs ...` as a user would type it; returns the CompletedProcess."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from conftest import ROOT, processes_naming, run_labs
+from conftest import ROOT, interruptible, processes_naming, run_labs
 from labs.bench import autotune
 from labs.errors import LabsError
 
@@ -59,8 +59,9 @@ def test_the_autotuner_runs_labs_loop_and_picks_its_fastest(tmp_path):
 def test_ctrl_c_stops_every_process_and_keeps_the_finished_candidates(tmp_path):
     """Hours of trials are not thrown away: a stopped autotuner publishes what finished, marked incomplete."""
     out = tmp_path / "tuned"
-    process = subprocess.Popen([sys.executable, "-m", "labs", "autotune", "--stages", "3", "--micro-batches", "1,2,4",
-                                "--batch-per-gpu", "4", "--nproc", "1", "--out", str(out)], cwd=ROOT,
+    process = subprocess.Popen(interruptible([sys.executable, "-m", "labs", "autotune", "--stages", "3",
+                                              "--micro-batches", "1,2,4", "--batch-per-gpu", "4", "--nproc", "1",
+                                              "--out", out]), cwd=ROOT,
                                env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 300

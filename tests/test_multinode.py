@@ -18,7 +18,7 @@ from labs.errors import LabsError
 from labs.instruments import comm
 from labs.instruments.environment import launcher_environment
 
-from conftest import ROOT, run_labs
+from conftest import ROOT, interruptible, run_labs
 
 
 # ---------------------------------------------------------------------------------------------- flags
@@ -276,7 +276,7 @@ def _two_nodes_training(tmp_path):
     commands = [emulation.train_command(tmp_path / "run", k, 2, port, 1, steps=500) for k in (0, 1)]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     logs = [tmp_path / f"node{k}.log" for k in (0, 1)]
-    procs = [subprocess.Popen([c for c in command if c != "--quiet"], env=env, stdout=open(log, "w"),
+    procs = [subprocess.Popen(interruptible([c for c in command if c != "--quiet"]), env=env, stdout=open(log, "w"),
                               stderr=subprocess.STDOUT) for command, log in zip(commands, logs)]
     deadline = time.monotonic() + 300
     while "step " not in logs[0].read_text() and time.monotonic() < deadline:

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from conftest import ROOT, processes_naming
+from conftest import ROOT, interruptible, processes_naming
 
 STOP_WITHIN_S = 15
 
@@ -34,8 +34,8 @@ def _rank_pid(folder, rank: int) -> int:
 
 def _start(out):
     """`labs train` for many steps; returns the process once its ranks are training (the first step logged)."""
-    process = subprocess.Popen([sys.executable, "-m", "labs", "train", "--steps", "500", "--out", str(out), "--quiet"],
-                               cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE,
+    command = interruptible([sys.executable, "-m", "labs", "train", "--steps", "500", "--out", out, "--quiet"])
+    process = subprocess.Popen(command, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 240
     while time.time() < deadline:
