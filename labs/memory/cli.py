@@ -85,7 +85,8 @@ def format_table(est: MemoryEstimate, advice=None) -> str:
             ("  parameters", _size(est.params_per_gpu_bytes)), ("  gradients", _size(est.grads_per_gpu_bytes)),
             ("  optimizer states", _size(est.optimizer_per_gpu_bytes)),
             ("  activations + loss", _size(est.activations_per_gpu_bytes)),
-            ("  DeepSpeed buffers", _size(est.buffers_per_gpu_bytes)),
+            ("  FSDP2 buffers (gathered layers, reduce inputs)" if i["engine"] == "fsdp2" else "  DeepSpeed buffers",
+             _size(est.buffers_per_gpu_bytes)),
             ("host / node (offload)", _size(est.host_per_node_bytes))]
     if est.nvme_per_node_bytes:
         rows.append(("NVMe / node", _size(est.nvme_per_node_bytes)))
