@@ -109,7 +109,7 @@ def peak_comparisons(merge_repeats: bool = False) -> list[dict]:
         predicted = predicted_peak_gib(row) * memory.GiB
         measured = row["peak_gib"] * memory.GiB
         run = run_label(row["run"])
-        found.append(dict(name=f"{run}:{row['case']}", run=run, case=row["case"],
+        found.append(dict(name=f"{run}:{row['case']}", run=run, case=row["case"], preset=row["preset"],
                           device=f"{row['gpus']} x {row['gpu']}", gpus=row["gpus"],
                           engine=_engine_name(row), micro_batch=row["micro_batch"], grad_accum=row["grad_accum"],
                           checkpointing=row["checkpointing"], loss=row["loss"], kernels=row["kernels"],

@@ -10,8 +10,11 @@ A step passes through moments where different things are alive; the peak is the 
 - layer_backward: the last decoder layer's backward: its activations (recomputed if checkpointed) and
   gradient temporaries, the head's gradient, DeepSpeed's reduce buckets (ZeRO-1/2) or the gathered layer
   (ZeRO-3).
+- first_reduce (ZeRO-2, one micro-batch per step): the gradient partition appears when the first reduce bucket
+  fills, some layers into backward; those layers' activations are freed by then (round 8's allocator record).
 - backward_end: every gradient this stage keeps (ZeRO-0/1: all of them, before the reduction frees the
-  others' shares), plus the embedding's dense gradient gathered at ZeRO-3.
+  others' shares), plus the embedding's dense gradient gathered at ZeRO-3. FSDP2: the first layer's backward,
+  with every later layer's gradient shard and that layer's activations (round 8's allocator record).
 - optimizer_step: the gradient partition flattened and copied to fp32 for the update (ZeRO-1/2: the whole
   partition; ZeRO-3: one sub-group at a time; ZeRO-0: FP16_Optimizer's fp32 copies).
 Each moment is split into params, grads, optimizer (states + fp32 master), activations and buffers (what
@@ -79,7 +82,7 @@ def deepspeed(params, layout, dims, stage, world, d, mixed, state_bytes, offload
         # micro-batches' gradients wait on the host
         kept_on_gpu = 0 if offload_optimizer else grads_kept
         grads = dict(loss=kept_on_gpu if accumulation > 1 else 0, layer=kept_on_gpu, end=kept_on_gpu, step=kept_on_gpu)
-        if accumulation == 1 and _layers_before_first_reduce(acts, dims, knobs):
+        if accumulation == 1 and layers_before_first_reduce(acts, dims, knobs):
             grads["layer"] = 0     # the buffer is allocated by the first bucket's reduction: not yet there
     else:                                                      # ZeRO-0/1: p.grad of every parameter
         head_grad = d * acts["head"]
@@ -131,12 +134,12 @@ def deepspeed(params, layout, dims, stage, world, d, mixed, state_bytes, offload
         "optimizer_step": dict(base, grads=grads["step"], activations=0, buffers=staging_gpu + step_copies),
     }
     if stage == 2 and grads["layer"] == 0 and grads["end"]:
-        phases["first_reduce"] = dict(base, grads=grads["end"], buffers=staging_gpu + reduce_buckets,
-                                      activations=_activations_after(acts, _layers_before_first_reduce(acts, dims, knobs)))
+        left = _activations_after(acts, layers_before_first_reduce(acts, dims, knobs))
+        phases["first_reduce"] = dict(base, grads=grads["end"], activations=left, buffers=staging_gpu + reduce_buckets)
     return phases, resident, host, nvme
 
 
-def _layers_before_first_reduce(acts, dims, knobs) -> int:
+def layers_before_first_reduce(acts, dims, knobs) -> int:
     """ZeRO-2 (one micro-batch per step) allocates its gradient partition when the first reduce bucket fills. Backward
     meets the untied head first (a tied head's gradient is complete only at the embedding, at the very end), then
     the final norm, then the decoder layers from the last: the decoder layers whose backward ends before a bucket of
@@ -214,8 +217,9 @@ def fsdp2(params, layout, dims, stage, world, d, mixed, state_bytes, offload_opt
     (the shard group is world / replicas ranks); offload "cpu" moves the shards and the optimizer to the host;
     reshard_after_forward false (or k) keeps every layer's gathered parameters (or a 1/k slice) from forward to
     backward. Backward has two candidate peaks: its start (every saved activation, almost no gradient) and its end
-    (every layer's gradient shard but the first layer's, that layer's activations). With gradient accumulation the fp32 gradient shards of the earlier micro-batches stay through the
-    later ones' forward and backward (FSDP2 accumulates into them): measured on 2 x H200, +14 GiB at Qwen2.5-7B."""
+    (every layer's gradient shard but the first layer's, that layer's activations). With gradient accumulation the
+    fp32 gradient shards of the earlier micro-batches stay through the later ones' forward and backward (FSDP2
+    accumulates into them): measured on 2 x H200, +14 GiB at Qwen2.5-7B."""
     settings = settings or {"reshard_after_forward": True, "offload": "none", "replicas": 1}
     shard = -(-params // (world // settings["replicas"]))
     on_host = settings["offload"] == "cpu"

@@ -53,7 +53,8 @@ def _offload_host_gb():
 @exercise("01.6", "Qwen2.5-7B, FSDP2 on 4 GPUs, Liger loss and kernels, every layer checkpointed, micro-batch 8 x 4096: "
           "how many GiB does labs.memory's end-of-backward moment (backward_end) hold per GPU?", "GiB", rel=0.03,
           hint="take the one-GPU breakdown of round 8's record part by part, and ask of each part whether FSDP2 "
-               "shards it over the GPUs")
+               "shards it over the GPUs (on 4 GPUs this moment is no longer the peak: the start of backward, with "
+               "every saved activation, is a little larger)")
 def _fsdp2_backward_end_on_4():
     est = memory.estimate("qwen2.5-7b", engine="fsdp2", gpus_per_node=4, micro_batch=8, grad_accum=1,
                           activation_checkpointing="full", loss="liger", kernels="liger")
