@@ -10,6 +10,7 @@ import pytest
 
 from conftest import ROOT, interruptible, processes_naming, run_labs
 from labs.bench import autotune
+from labs.course import autotune_report
 from labs.errors import LabsError
 
 
@@ -41,7 +42,7 @@ def test_every_candidate_trains_the_same_batch():
 def test_the_autotuner_runs_labs_loop_and_picks_its_fastest(tmp_path):
     out = tmp_path / "tuned"
     result = run_labs("autotune", "--stages", "3", "--micro-batches", "1,2", "--batch-per-gpu", "2", "--nproc", "1",
-                      "--out", out, timeout=400)
+                      "--gpu-memory", "3GiB", "--out", out, timeout=400)
     assert result.returncode == 0, result.stderr[-3000:]
     found = json.loads((out / "autotune.json").read_text())
     rows = {r["name"]: r for r in found["experiments"]}
@@ -54,6 +55,8 @@ def test_the_autotuner_runs_labs_loop_and_picks_its_fastest(tmp_path):
     assert found["pick"] == max(rows.values(), key=lambda r: r["tokens_per_s_per_gpu"])["name"]
     assert found["model_info"]["num_params"] == 9_822_784                # the tiny preset, counted by DeepSpeed
     assert (out / "results" / "ds_config_optimal.json").exists() and f"picked {found['pick']}" in result.stdout
+    # the autotuner planned for the cap, not the machine's whole memory (labs.bench.autotune_launcher)
+    assert autotune_report.autotuner_estimate(out)["gpu_gib"] == 3.0
 
 
 def test_ctrl_c_stops_every_process_and_keeps_the_finished_candidates(tmp_path):

@@ -25,6 +25,7 @@ labs keeps each experiment's own step times and peak memory (metrics.jsonl) besi
 figure for a candidate is the median of its steps but the first and the profiled one.
 Stopped (Ctrl-C, SIGTERM) or failed, the autotuner's finished candidates are still published, with autotune.json's
 `complete` false and no pick: a long sweep is not lost with its last candidate.
+Under --gpu-memory the autotuner plans for the cap, not the whole card (labs/bench/autotune_launcher.py).
 Its clean-up step calls `pdsh -w HOST pkill -f NAME`; on one host labs puts a `pdsh` that does nothing first on the
 PATH: the experiment's ranks are already gone with its launcher, and a pkill by name could hit processes labs did
 not start. Several hosts are not supported here.
@@ -47,6 +48,7 @@ from labs.errors import LabsError, RankFailed, RunStopped
 from labs.table import Table
 
 RANK_SCRIPT = Path(__file__).with_name("autotune_rank.py")
+GPU_MEMORY_ENV = "LABS_AUTOTUNE_GPU_MEMORY_BYTES"       # read by labs.bench.autotune_launcher
 STAGES = (1, 2, 3)
 SHIMS = {"pdsh": "#!/bin/sh\n# labs: the autotuner's clean-up (pdsh ... pkill -f NAME) is not needed on one host\n"
                  "exit 0\n",
@@ -132,7 +134,9 @@ def _prepare(work: Path, spec: dict, tuner: dict) -> tuple[list[str], dict]:
     if spec["device"] == "cpu":
         # DeepSpeed's CPU accelerator counts its "devices" as NUMA nodes unless LOCAL_SIZE says otherwise
         env.update(env_lib.CPU_ONLY, LOCAL_SIZE=str(spec["nproc"]))
-    command = [sys.executable, "-m", "deepspeed.launcher.runner", "--autotuning", "tune",
+    if spec.get("gpu_memory_bytes"):
+        env[GPU_MEMORY_ENV] = str(spec["gpu_memory_bytes"])      # the autotuner plans for the cap
+    command = [sys.executable, "-m", "labs.bench.autotune_launcher", "--autotuning", "tune",
                f"--num_gpus={spec['nproc']}", f"--master_port={_free_port_range(64)}", str(RANK_SCRIPT),
                str(base), "--deepspeed_config", str(base / "autotune_config.json")]
     (work / "command.txt").write_text(" ".join(command) + "\n")

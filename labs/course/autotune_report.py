@@ -58,16 +58,22 @@ def autotuner_estimate(folder: Path) -> dict:
     requires minus one sequence's activations) and the largest micro-batch it expects to fit, or that it skipped
     the stage. It counts Adam as 4 + 4 + 8 bytes per parameter whenever fp16 is off (bf16 included)."""
     log = (folder / "autotune.log").read_text(errors="replace")
-    gpu = float(re.search(r"Memory per GPU in the system is ([\d.]+) GB", log).group(1))
-    activation = float(re.search(r"requires at least ([\d.]+) GB activation memory for micro batch size 1", log).group(1))
+    gpu = _gib(*re.search(r"Memory per GPU in the system is ([\d.]+) ([KMGT]B)", log).groups())
+    activation = _gib(*re.search(r"requires at least ([\d.]+) ([KMGT]B) activation memory for micro batch size 1",
+                                 log).groups())
     stages = {}
-    for stage, required in re.findall(r"runable with ZERO (\d) \(which requires at least ([\d.]+) GB", log):
-        stages[int(stage)] = dict(states_gib=float(required) - activation)
+    for stage, required, unit in re.findall(r"runable with ZERO (\d) \(which requires at least ([\d.]+) ([KMGT]B)", log):
+        stages[int(stage)] = dict(states_gib=_gib(required, unit) - activation)
     for stage, largest in re.findall(r"Start tuning for space z(\d), calculated_max_micro_batch_size = (\d+)", log):
         stages[int(stage)]["largest_micro_batch"] = int(largest)
     for stage in re.findall(r"No need to tune Zero stage (\d)", log):
         stages[int(stage)]["skipped"] = True
     return dict(gpu_gib=gpu, activation_gib_per_sequence=activation, stages=stages)
+
+
+def _gib(value: str, unit: str) -> float:
+    """The autotuner's sizes in GiB: it prints binary units (1024-based) with decimal names (memory_to_string)."""
+    return float(value) * 1024.0 ** ("KMGT".index(unit[0]) - 2)
 
 
 def bench_rows(name: str) -> dict[str, dict]:

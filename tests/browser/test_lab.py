@@ -14,7 +14,7 @@ from lab_server import Lab, tagged_processes
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK = "notebooks/01_memory_math.ipynb"
-IMPORT_CELL = "from labs.course import exercises, figures, memory_figures, stages, widgets"
+IMPORT_CELL = "from labs.course import exercises, figures, memory_figures, peak_records, stages, widgets"
 CALCULATOR_CELL = "calc = widgets.calculator()"
 TIMEOUT_MS = 120_000     # a cold JupyterLab on two busy cores takes tens of seconds to build its page
 
