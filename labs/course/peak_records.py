@@ -16,7 +16,7 @@ import re
 
 import matplotlib.pyplot as plt
 
-from labs import RESULTS, memory, resolve
+from labs import RESULTS, memory
 from labs.memory import peak
 from labs.memory.estimate import from_run
 from labs.runfolder import Run
@@ -68,11 +68,7 @@ def breakdown(run: str) -> list[dict]:
     measured = dict.fromkeys(PARTS, 0)
     for group in record["groups"]:
         measured[part(group["label"], tuple(lines[:2]))] += group["bytes"]
-    then = _then(run)
-    now = from_run(Run(folder))
-    at_then = then["predicted_phases"][then["predicted_peak_phase"]]
-    return [dict(part=name, measured_bytes=measured[name], then_bytes=at_then[name],
-                 now_bytes=now.phases[now.peak_phase][name]) for name in PARTS]
+    return [dict(row, measured_bytes=measured[row["part"]]) for row in changed(run)]
 
 
 def changed(run: str) -> list[dict]:
@@ -86,11 +82,10 @@ def changed(run: str) -> list[dict]:
 def first_reduce(run: str) -> dict:
     """What decides when a ZeRO-2 run's first reduce bucket fills: its bucket size, whether the head is tied (a tied
     head's gradient arrives last), a decoder layer's parameters, and the layers backward finishes before then."""
-    est = from_run(Run(RECORDS / run))
-    knobs = resolve.zero_knobs(Run(RECORDS / run).ds_config)
-    acts = est.breakdown
-    dims = Run(RECORDS / run).spec["dims"]
-    layer_params = sum(n for name, n in memory.layout.param_layout(dims) if name.startswith("model.layers.0."))
+    recorded = Run(RECORDS / run)
+    est, dims = from_run(recorded), recorded.spec["dims"]
+    acts, knobs = est.breakdown, est.breakdown["knobs"]
+    layer_params = memory.layout.decoder_layer_params(dims)
     layers = peak.layers_before_first_reduce(dict(head=dims["vocab_size"] * dims["hidden_size"],
                                                   layer_params=layer_params), dims, knobs)
     return dict(bucket_elements=int(knobs["reduce_bucket_size"]), tied=dims["tie_word_embeddings"],

@@ -232,7 +232,7 @@ def _activations(dims, micro_batch, seq_len, checkpointing, loss, kernels, d) ->
     tokens = micro_batch * seq_len
     loss_parts = act.loss_bytes(dims, loss, micro_batch, seq_len, d)
     head = dims["vocab_size"] * dims["hidden_size"]
-    layer_params = sum(n for name, n in zero_layout.param_layout(dims) if name.startswith("model.layers.0."))
+    layer_params = zero_layout.decoder_layer_params(dims)
     return dict(parts=parts, loss_parts=loss_parts,
                 saved=parts["layers kept whole"] + parts["checkpointed layer inputs"] + parts["token ids"],
                 final_norm=parts["final norm"], layer=act.layer_bytes_per_token(dims, kernels, d) * tokens,

@@ -23,6 +23,11 @@ def param_layout(dims: dict) -> list[tuple[str, int]]:
     return layout
 
 
+def decoder_layer_params(dims: dict) -> int:
+    """The parameters of one decoder layer (every layer is alike)."""
+    return sum(n for name, n in param_layout(dims) if name.startswith("model.layers.0."))
+
+
 def largest_layer_params(dims: dict) -> int:
     """DeepSpeed's `model_to_params`: the most parameters any one module owns directly (an embedding here)."""
     h, f, vocab = dims["hidden_size"], dims["intermediate_size"], dims["vocab_size"]

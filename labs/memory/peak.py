@@ -71,6 +71,8 @@ def deepspeed(params, layout, dims, stage, world, d, mixed, state_bytes, offload
 
     # ---- gradients on this GPU at each moment
     grads_kept = grads_rank[worst]
+    # ZeRO-2 with one micro-batch per step: decoder layers backward finishes before its partition exists (see there)
+    before_reduce = layers_before_first_reduce(acts, dims, knobs) if stage == 2 and accumulation == 1 else 0
     if stage == 3:
         # partial offload: DeepSpeed moves a GPU sub-group's fp32 gradient to the GPU (stage3.py, `.grad = ...to(`)
         kept_on_gpu = bucket + gpu_share * 4 * partition if offload_optimizer else grads_kept
@@ -82,7 +84,7 @@ def deepspeed(params, layout, dims, stage, world, d, mixed, state_bytes, offload
         # micro-batches' gradients wait on the host
         kept_on_gpu = 0 if offload_optimizer else grads_kept
         grads = dict(loss=kept_on_gpu if accumulation > 1 else 0, layer=kept_on_gpu, end=kept_on_gpu, step=kept_on_gpu)
-        if accumulation == 1 and layers_before_first_reduce(acts, dims, knobs):
+        if before_reduce:
             grads["layer"] = 0     # the buffer is allocated by the first bucket's reduction: not yet there
     else:                                                      # ZeRO-0/1: p.grad of every parameter
         head_grad = d * acts["head"]
@@ -133,9 +135,9 @@ def deepspeed(params, layout, dims, stage, world, d, mixed, state_bytes, offload
                              buffers=staging_gpu + reduce_buckets + allreduce_bucket + gathered_embedding),
         "optimizer_step": dict(base, grads=grads["step"], activations=0, buffers=staging_gpu + step_copies),
     }
-    if stage == 2 and grads["layer"] == 0 and grads["end"]:
-        left = _activations_after(acts, layers_before_first_reduce(acts, dims, knobs))
-        phases["first_reduce"] = dict(base, grads=grads["end"], activations=left, buffers=staging_gpu + reduce_buckets)
+    if before_reduce and grads["end"]:
+        phases["first_reduce"] = dict(base, grads=grads["end"], activations=_activations_after(acts, before_reduce),
+                                      buffers=staging_gpu + reduce_buckets)
     return phases, resident, host, nvme
 
 
