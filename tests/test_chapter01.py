@@ -10,7 +10,7 @@ matplotlib.use("Agg")
 
 from labs import launch, memory  # noqa: E402
 from labs.bench import results  # noqa: E402
-from labs.course import widgets  # noqa: E402
+from labs.course import peak_records, widgets  # noqa: E402
 from labs.errors import LabsError  # noqa: E402
 
 
@@ -51,6 +51,17 @@ def test_gpu_results_are_compared_with_the_prediction_for_that_run():
     merged = results.peak_comparisons(merge_repeats=True)
     assert sum(len(row["runs"].split(", ")) for row in merged) == len(rows) > len(merged)
     assert max(abs(r["ratio"] - 1) for r in merged) == max(abs(r["ratio"] - 1) for r in rows)
+
+
+def test_every_allocator_record_lands_on_the_moment_labs_memory_names():
+    """Each recorded run's measured peak is within 1% of labs.memory's peak, and for stock FSDP2 on the untied 7B
+    (round 9) that moment is the root's reduction: all gradient shards plus the root's fp32 reduce-scatter input."""
+    records = {r["run"]: r for r in peak_records.runs()}
+    assert all(abs(r["measured_bytes"] / r["predicted_now_bytes"] - 1) < 0.01 for r in records.values()), records
+    assert records["stock_fsdp2_ckfull_mb2_7b"]["moment_now"] == "root_reduce"
+    parts = {row["part"]: row for row in peak_records.breakdown("stock_fsdp2_ckfull_mb2_7b")}
+    for name in ("params", "optimizer", "grads", "buffers"):
+        assert parts[name]["now_bytes"] == pytest.approx(parts[name]["measured_bytes"], rel=0.01), name
 
 @pytest.mark.parametrize("preset", ["tiny", "qwen2.5-7b"])
 def test_calculator_run_and_widget_agree_on_every_default(preset):

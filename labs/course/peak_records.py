@@ -1,5 +1,5 @@
-"""Round 8's allocator records (results/gpu/peak_allocations_1xh200): what was alive on the GPU at a run's peak, by
-the code that allocated it, beside labs.memory's prediction, part by part (chapter 1).
+"""Rounds 8 and 9's allocator records (results/gpu/peak_allocations_1xh200): what was alive on the GPU at a run's
+peak, by the code that allocated it, beside labs.memory's prediction, part by part (chapter 1).
 
     peak_records.runs()                       # each recorded run: its peak, labs.memory's then and now
     peak_records.breakdown("fsdp2_ckfull_mb8_7b")   # the peak's blocks in labs.memory's parts, against its moment
@@ -43,7 +43,7 @@ def runs() -> list[dict]:
 
 
 def part(label: str, reduce_lines: tuple[int, int]) -> str:
-    """Which of labs.memory's parts a block of FSDP2's Liger path belongs to, by the code that allocated it.
+    """Which of labs.memory's parts a block of an FSDP2 run belongs to, by the code that allocated it.
     FSDP2's foreach_reduce allocates twice per layer: first the reduce-scatter's input (the layer's unsharded fp32
     gradient, a buffer), then its output (the layer's gradient shard, kept until the step); `reduce_lines` are the
     two call sites' line numbers in the recorded torch, in that order. What no rule names is an activation."""

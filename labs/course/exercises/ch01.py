@@ -20,7 +20,7 @@ def _zero2_bytes_per_param():
 
 
 @exercise("01.2", "Qwen2.5-7B, ZeRO-2 on 8 GPUs, micro-batch 2 x 4096, full checkpointing, Liger loss: at which "
-          "moment is the peak (init, loss_backward, layer_backward, backward_end or optimizer_step)?",
+          "moment is the peak (init, loss_backward, layer_backward, first_reduce, backward_end or optimizer_step)?",
           "a moment's name",
           hint="with activations this small, ask which moment adds a copy of something to the model states")
 def _zero2_peak_moment():
