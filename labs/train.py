@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from labs import checkpoint, data, env, fsdp, metrics, models, peers, zenflow_layout
+from labs import checkpoint, data, env, fsdp, metrics, models, peers, zenflow_host, zenflow_layout
 
 
 class Instrument:
@@ -135,6 +135,7 @@ def build_engine(spec: dict, ds_config: dict, device: torch.device):
     env.skip_muon_import(ds_config)    # torch.compile set-up for an optimizer this run does not use (see there)
     if ds_config.get("zero_optimization", {}).get("zenflow"):
         zenflow_layout.install()     # DeepSpeed 0.19.8 scrambles ZenFlow's weights without it (see there)
+        zenflow_host.install()       # and strands pinned host memory when its optimizer process starts (see there)
     deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo")
     zero3 = ds_config.get("zero_optimization", {}).get("stage", 0) == 3
     hf_model = models.build(spec["preset"], dtype=models.DTYPES[spec["precision"]], device=device, seed=spec["seed"],

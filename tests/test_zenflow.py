@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import ROOT, run_labs
-from labs import config, launch, resolve, train, zenflow_layout
+from labs import config, launch, resolve, train, zenflow_host, zenflow_layout
 from labs.errors import LabsError, RankFailed
 
 ZENFLOW = ROOT / "ds_configs/bench/labs_zero2_offload_zenflow.json"
@@ -52,6 +52,35 @@ def test_zenflow_layout_views_read_zenflows_transposed_buffer():
     assert all(torch.equal(v, p) for v, p in zip(viewed, params))
     # DeepSpeed 0.19.8's own view (the parameter's shape over the same bytes) scrambles the matrices
     assert not torch.equal(flat.narrow(0, 0, 15).view(3, 5), params[0])
+
+
+def test_zenflow_host_shares_each_storage_once_in_place_then_empties_the_cache_then_registers():
+    """labs.zenflow_host's move (the pinning itself needs a GPU): every storage DeepSpeed would hand the optimizer
+    process goes to shared memory in place, so views made earlier (DeepSpeed's gradient slices) follow it; the pinned
+    cache is emptied after the moves and before any block is page-locked; each storage is registered once, whole."""
+    master, grad0, grad1 = torch.arange(12.0), torch.zeros(12), torch.ones(12)
+    slice_of_grad0 = grad0.narrow(0, 4, 3)                          # like DeepSpeed's offload_gradient_dict entries
+    done = torch.zeros(4).share_memory_()                           # already shared: nothing to move
+    calls = []
+    moved = zenflow_host.share_and_pin(
+        [master, grad0, grad1, grad0.view(3, 4), done], register=lambda address, size: calls.append((address, size)),
+        empty_pinned_cache=lambda: calls.append("empty"))
+    assert all(t.is_shared() for t in (master, grad0, grad1)) and torch.equal(master, torch.arange(12.0))
+    slice_of_grad0.fill_(7)
+    assert grad0.untyped_storage().data_ptr() == slice_of_grad0.untyped_storage().data_ptr() and grad0[5] == 7
+    assert calls[0] == "empty" and sorted(calls[1:]) == sorted((t.untyped_storage().data_ptr(), 48)
+                                                               for t in (master, grad0, grad1))
+    assert moved == dict(shared_bytes=3 * 48, was_pinned_bytes=0)      # nothing can be pinned on a CPU-only torch
+
+
+def test_zenflow_with_the_overlapped_step_trains(tmp_path):
+    """overlap_step: true, CPU Adam in ZenFlow's second process (on a CPU labs.zenflow_host stays out: nothing is
+    pinned). The run ends, its optimizer process with it, and the loss falls."""
+    result = run_labs("train", "--preset", "tiny", "--config", _zenflow_config(tmp_path, update_interval=1),
+                      "--nproc", 1, "--steps", 6, "--lr", 1e-2, "--out", tmp_path / "zf", "--quiet", timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    losses = _losses(tmp_path / "zf")
+    assert losses[-1] < losses[0] - 0.05, losses
 
 
 def test_update_interval_auto_is_refused_before_any_rank_starts(tmp_path):
