@@ -13,6 +13,8 @@ the optimizer process allocate its own Adam state (16 bytes per parameter: two s
 The fix moves the same tensors to shared memory first, gives the pinned cache back to the system, and page-locks the
 shared blocks in place (cudaHostRegister, DeepSpeed's `register_host_memory`); DeepSpeed's own `share_memory_()`
 calls are then no-ops. The values, the views into them and what the optimizer process receives are unchanged.
+With it the same run finished on the same kind of host, 5.1 GiB of host memory left at its tightest second
+(results/gpu/zenflow_1xh200/zf_overlap20, round 10).
 """
 from __future__ import annotations
 

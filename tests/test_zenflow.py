@@ -107,3 +107,23 @@ def test_a_run_whose_loss_turns_nan_fails_naming_the_step(tmp_path, monkeypatch)
     first = str(failure.value).splitlines()[0]
     assert "NonFiniteLoss: step 2: the loss is nan on rank 0: training diverged" in first, first
     assert not (tmp_path / "nan").exists()
+
+
+def test_round_10s_records_hold_what_chapter_9_reads_off_them():
+    """The recorded H200 runs of round 10 (results/gpu/zenflow_1xh200, one host): same data, seed and weights, so
+    every run's step-1 loss is the model's (labs.zenflow_layout holds on a GPU too); plain offload does the same
+    arithmetic as no offload, so its losses follow step for step; and ZenFlow's optimizer process holds its Adam
+    moments privately, two fp32 copies each of exp_avg and exp_avg_sq: 16 bytes per parameter (labs.zenflow_host
+    leaves that alone: it moves only what the training rank shares)."""
+    from labs.course import zenflow_report as z
+
+    runs = z.zenflow_runs(z.ROUND10)
+    first = {name: r["losses"][0] for name, r in runs.items()}
+    assert max(first.values()) - min(first.values()) < 1e-3, first
+    assert all(r["tokens_per_step"] == 8 * 4096 for r in runs.values())
+    drift = max(abs(a - b) for a, b in zip(runs["off20b"]["losses"], runs["ref20"]["losses"]))
+    assert drift < 0.01, f"plain offload and no offload part by {drift:.4f} nats"
+    host = z.host_memory("zf_overlap20")
+    moments = host["peaks"][("ZenFlow's optimizer process", "RssAnon")] * 2**30 / runs["zf_overlap20"]["params"]
+    assert 16 <= moments < 17, f"ZenFlow's optimizer process holds {moments:.2f} bytes per parameter privately"
+    assert len(host["labs_lines"]) == 1, "the run printed labs.zenflow_host's line once (one rank)"

@@ -187,40 +187,6 @@ def nvme_swap_gib(path=ROUND5 / "nvme_swap_size.txt") -> float:
     return float(size[:-1])
 
 
-def zenflow_runs(folder=RESULTS / "gpu" / "zenflow_1xh200", cycle=4) -> dict[str, dict]:
-    """Plain labs offload ('off20') and ZenFlow without overlap before ('zf_sync20') and after ('zf_fix20') labs' fix
-    of its weight layout: 20 steps each, same data, seed and constant lr, one H200. ZenFlow's steps alternate (the CPU
-    update every `cycle`-th step is slow), so speed is the mean over whole cycles after the first (steps 5-20), not a
-    median. Per run: losses, seconds since the end of step 1 (a warm-up: allocator, first kernels) at the end of each
-    step, tokens/s over those cycles, and
-    how far the loss fell from step 1 to the mean of the last 5 steps."""
-    runs = {}
-    for name in ("off20", "zf_sync20", "zf_fix20"):
-        metrics = read_jsonl(folder / name / "metrics.jsonl")
-        losses, seconds = [m["loss"] for m in metrics], [m["step_time_s"] for m in metrics]
-        timed = seconds[cycle:]
-        assert len(timed) % cycle == 0, f"{name}: {len(timed)} steps after the first cycle is not whole cycles"
-        runs[name] = dict(losses=losses, elapsed_s=[sum(seconds[1:k + 1]) for k in range(len(seconds))],
-                          tokens_per_s_per_gpu=len(timed) * _tokens_per_step(folder / name) / sum(timed),
-                          fall=losses[0] - sum(losses[-5:]) / 5)
-    return runs
-
-
-def _tokens_per_step(run_dir) -> int:
-    return json.loads((run_dir / "summary.json").read_text())["tokens_per_step"]
-
-
-def zenflow_oom(folder=RESULTS / "gpu" / "zenflow_1xh200" / "zf_mem") -> dict:
-    """ZenFlow with overlap_step on a 126 GiB host: what the kernel's OOM killer reported for each process it ended
-    (resident anonymous and shared memory, GiB) and the least free memory vmstat saw (GiB)."""
-    killed = [dict(anon_gib=int(re.search(r"anon-rss:(\d+)kB", line)[1]) / 2**20,
-                   shmem_gib=int(re.search(r"shmem-rss:(\d+)kB", line)[1]) / 2**20)
-              for line in (folder / "log.txt").read_text().splitlines() if "Out of memory: Killed process" in line]
-    free_mib = [int(line.split()[3]) for line in (folder / "vmstat.txt").read_text().splitlines()
-                if line.split() and line.split()[0].isdigit()]          # vmstat -S M: column 4 is free MiB
-    return dict(killed=killed, least_free_gib=min(free_mib) / 1024)
-
-
 def granular_rows(folder=RESULTS / "gpu" / "granular_1xh200") -> list[dict]:
     """The 1-GPU granular-fetch runs (2026-12-01), each against its twin with DeepSpeed's per-module hooks: the largest
     relative gap in gradient norm and absolute gap in loss over their steps."""
