@@ -215,14 +215,33 @@ def check_hardware(nproc: int, on_gpu: bool, seq_len: int, dims: dict, estimate_
     if positions and seq_len > positions:
         raise LabsError(f"--seq-len {seq_len} is longer than the model's {positions} positions "
                         "(max_position_embeddings)")
-    estimate = memory.estimate(**estimate_kwargs)
+    estimate = memory.estimate(**estimate_kwargs, host_pinning=host_pinning(on_gpu))
     if on_gpu:
         have = gpu_memory_bytes or torch.cuda.get_device_properties(0).total_memory
         need, where = estimate.total_per_gpu_bytes, "per GPU"
     else:
-        have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / nproc
+        have = host_memory_bytes() / nproc
         need, where = estimate.total_per_gpu_bytes + estimate.host_per_node_bytes / nproc, "per CPU rank"
     if need > 1.25 * have:
         raise LabsError(f"labs.memory predicts a peak of {need / 2**30:,.1f} GiB {where}, far above the "
                         f"{have / 2**30:,.1f} GiB there is; see `labs memory ... --gpu-memory` for what fits "
                         "(or pass --no-memory-check)")
+    # An offloaded optimizer's host memory, on a GPU host: the kernel's OOM killer ends a rank that runs out of it at
+    # the first optimizer step, minutes in. The model is 2% under the one GPU record (results/gpu/zenflow_1xh200/off20b),
+    # so more than the host's memory is refused outright.
+    if on_gpu and estimate.host_per_node_bytes > host_memory_bytes():
+        raise LabsError(f"labs.memory predicts {estimate.host_per_node_bytes / 2**30:,.1f} GiB of host memory for the "
+                        f"offloaded optimizer of {nproc} rank(s), above the {host_memory_bytes() / 2**30:,.1f} GiB "
+                        "this host has (PyTorch pins each buffer at a power of two; DS_PIN_MEMORY_BACKEND=native pins "
+                        "it at its size): offload less, use more nodes, or pass --no-memory-check")
+
+
+def host_memory_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def host_pinning(on_gpu: bool) -> str:
+    """How DeepSpeed will page-lock host buffers in this process's environment (labs.memory.estimate's host_pinning):
+    on a CPU nothing is pinned; on a GPU, by PyTorch's allocator unless DeepSpeed's native backend is chosen."""
+    native = os.environ.get("DS_PIN_MEMORY_BACKEND", "torch").strip().lower() == "native"
+    return "torch" if on_gpu and not native else "exact"

@@ -8,7 +8,9 @@ from labs.course import exercises
     ("02.2", 3584**2 * 2 / 2**20, 2 * 3584**2 * 2 / 2**20),    # ZeRO-3 keeps one bucket, not two
     ("02.3", 3 * 7_615_616_512 * 2 * 7 / 8 / 1e9, 3 * 7_615_616_512 * 2 / 1e9),   # a ring sends (N-1)/N
     ("02.4", 28 * (2 * 3584 + 3584 + 2 * 512) + 3584, 28 * 2 * 3584 + 3584),  # the q/k/v biases stay whole too
-    ("03.1", (18 * 7_615_616_512 + 8 * 2 * 152_064 * 3584) / 2**30, 16 * 7_615_616_512 / 2**30),
+    # per rank: fp32 master and gradient 3.5 -> 4 GiB each, bf16 buffer 1.8 -> 2, staging (the embedding) 1.0 -> 2,
+    # pinned at powers of two; Adam's 8 bytes per parameter are not pinned. Without the rounding: 18 bytes + staging
+    ("03.1", 8 * (12 + 8 * 7_615_616_512 / 8 / 2**30), (18 * 7_615_616_512 + 8 * 2 * 152_064 * 3584) / 2**30),
     ("03.2", 4 * 8192 / (4 * (0.2344 + 1.3670) + 4.6018), 8192 / 6.189),
     ("03.3", "optimizer+params", "optimizer"),
     ("01.1", 6.5, 2 + 14 / 4),                      # DeepSpeed counts 18 partitioned bytes, the paper 14

@@ -320,3 +320,26 @@ def test_partial_offload_keeps_the_first_sub_groups_on_the_gpu():
         pytest.approx(12 * kept, rel=1e-9)
     assert half.phases["layer_backward"]["grads"] - full.phases["layer_backward"]["grads"] == \
         pytest.approx(4 * kept, rel=1e-9)                     # their fp32 gradients: on the GPU too
+
+
+def test_pinned_host_buffers_take_a_power_of_two_each_on_a_gpu():
+    """The one GPU record of an offloaded optimizer's host memory (results/gpu/zenflow_1xh200/off20b: the 3B shape,
+    ZeRO-2 offload, one H200, tools/host_memory.sh each second): the training rank's shared memory, which holds what
+    DeepSpeed page-locked, is the four pinned buffers each rounded up to a power of two by PyTorch's pinned
+    allocator (fp32 master 11.5 -> 16 GiB, fp32 gradient 11.5 -> 16, bf16 partition 5.7 -> 8, staging 0.6 -> 1);
+    its private memory is the Adam states, 8 bytes per parameter, plus the process itself. Without the rounding the
+    model misses 13 GiB of 65.5."""
+    from labs.course import zenflow_report
+
+    assert memory.units.torch_pinned_bytes(11.5 * 2**30) == 16 * 2**30
+    assert memory.units.torch_pinned_bytes(2**30) == 2**30 and memory.units.torch_pinned_bytes(0) == 0
+    record = zenflow_report.host_memory("off20b")["peaks"]
+    shared, private = record[("training rank", "RssShmem")], record[("training rank", "RssAnon")]
+    config = json.loads((zenflow_report.FOLDER / "off20b" / "ds_config.json").read_text())
+    kwargs = dict(ds_config=config, gpus_per_node=1, seq_len=4096, loss="liger", kernels="liger")
+    torch_pinned = memory.estimate("qwen2.5-3b", **kwargs)
+    exact = memory.estimate("qwen2.5-3b", **kwargs, host_pinning="exact")
+    states = 8 * torch_pinned.params / 2**30
+    assert shared == pytest.approx(torch_pinned.host_per_node_bytes / 2**30 - states, abs=0.1)
+    assert 0.97 < torch_pinned.host_per_node_bytes / 2**30 / (shared + private) < 1.0
+    assert exact.host_per_node_bytes / 2**30 / (shared + private) < 0.81

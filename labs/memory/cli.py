@@ -37,6 +37,9 @@ def add_parser(sub):
     p.add_argument("--engine", default="deepspeed", help="deepspeed | fsdp2")
     p.add_argument("--config", help="a DeepSpeed JSON config for bucket sizes, prefetch, persistence ...")
     p.add_argument("--gpu-memory", help=f"memory of one GPU for a verdict: 80GiB, 141GB or {', '.join(GPUS)}")
+    p.add_argument("--host-pinning", default="torch",
+                   help="torch (default: a GPU host; each pinned offload buffer takes a power of two) | exact "
+                        "(DS_PIN_MEMORY_BACKEND=native, or CPU ranks)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--plan", type=positive_int, nargs="?", const=10, default=None, metavar="N",
                    help="instead: rank every configuration that fits --gpu-memory on --gpus by predicted speed "
@@ -55,7 +58,7 @@ def run(args) -> int:
                    offload_param=args.offload_param, micro_batch=args.micro_batch, seq_len=args.seq_len,
                    activation_checkpointing=int(checkpointing) if checkpointing.isdigit() else checkpointing,
                    loss=args.loss, kernels=args.kernels, optimizer=args.optimizer, ds_config=ds_config,
-                   engine=args.engine)
+                   engine=args.engine, host_pinning=args.host_pinning)
     advice = advise(args.gpu_memory, **est.inputs) if args.gpu_memory else None
     if args.json:
         out = est.as_dict()

@@ -34,6 +34,7 @@ from labs.runfolder import Run
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 OFFLOAD_DEVICES = (None, "none", "cpu", "nvme")
 ENGINES = ("deepspeed", "fsdp2")
+HOST_PINNING = ("torch", "exact")
 
 
 # ------------------------------------------------------------------------------------------ the estimate
@@ -71,19 +72,23 @@ class MemoryEstimate:
 def estimate(preset=None, *, params=None, dims=None, stage=None, gpus_per_node=1, nodes=1, precision=None,
              offload_optimizer=None, offload_param=None, micro_batch=None, grad_accum=None, seq_len=None,
              activation_checkpointing="none", loss="hf", kernels="stock", optimizer="adamw", ds_config=None,
-             engine="deepspeed", largest_layer=None, zero_init=True) -> MemoryEstimate:
+             engine="deepspeed", largest_layer=None, zero_init=True, host_pinning="torch") -> MemoryEstimate:
     """Predict per-GPU and per-host bytes. Give a `preset` name, `dims` (labs.models.shape), or only
     `params` (then activations are unknown and reported as 0). `ds_config` (a DeepSpeed config dict, "auto"
     values allowed) supplies the stage, precision, micro-batch, offloads and buffer knobs; without one, the
     config a run would use (labs.resolve.default_config: zero3.json, or the lesson file of `stage`). Arguments
     given here override the config; the rest default as `labs train` would (labs.resolve).
     `engine="fsdp2"` approximates FSDP2 full sharding (fp32 sharded params, grads and Adam states, bf16 layers
-    gathered one ahead; no DeepSpeed buffers)."""
+    gathered one ahead; no DeepSpeed buffers).
+    `host_pinning`: how an offloaded optimizer's `pin_memory: true` buffers are page-locked. "torch" (a GPU host,
+    DeepSpeed's default): PyTorch's pinned allocator rounds each up to a power of two; "exact": DeepSpeed's CPU
+    accelerator (nothing is pinned) or `DS_PIN_MEMORY_BACKEND=native` (page-locked at their own size)."""
     inputs = dict(preset=preset, params=params, dims=dims, stage=stage, gpus_per_node=gpus_per_node, nodes=nodes,
                   precision=precision, offload_optimizer=offload_optimizer, offload_param=offload_param,
                   micro_batch=micro_batch, grad_accum=grad_accum, seq_len=seq_len,
                   activation_checkpointing=activation_checkpointing, loss=loss, kernels=kernels, optimizer=optimizer,
-                  ds_config=ds_config, engine=engine, largest_layer=largest_layer, zero_init=zero_init)
+                  ds_config=ds_config, engine=engine, largest_layer=largest_layer, zero_init=zero_init,
+                  host_pinning=host_pinning)
     if preset is not None:
         dims = models.shape(models.check_preset(preset))
     if dims is not None:
@@ -98,6 +103,7 @@ def estimate(preset=None, *, params=None, dims=None, stage=None, gpus_per_node=1
     check_choice("engine", engine, ENGINES)
     check_choice("loss", loss, act.LOSSES)
     check_choice("kernels", kernels, act.KERNELS)
+    check_choice("host_pinning", host_pinning, HOST_PINNING)
     for name, value in (("gpus_per_node", gpus_per_node), ("nodes", nodes), ("micro_batch", micro_batch),
                         ("grad_accum", grad_accum), ("seq_len", seq_len)):
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
@@ -144,8 +150,10 @@ def estimate(preset=None, *, params=None, dims=None, stage=None, gpus_per_node=1
         offload = "cpu" if fsdp_settings["offload"] == "cpu" else None
         inputs.update(offload_optimizer=offload, offload_param=offload)
     else:
+        pinned = host_pinning == "torch" and bool((zero.get("offload_optimizer") or {}).get("pin_memory"))
         phases, resident, host_rank, nvme_rank = peak.deepspeed(**args,
-                                                                accumulation=resolved["gradient_accumulation_steps"])
+                                                                accumulation=resolved["gradient_accumulation_steps"],
+                                                                pinned_rounding=pinned)
     for p in phases.values():
         p["total"] = sum(p.values())
         for key in p:
@@ -182,7 +190,8 @@ def from_run(run, **overrides) -> MemoryEstimate:
     kwargs = dict(dims=spec["dims"], gpus_per_node=spec["nproc"], nodes=spec.get("nodes", {}).get("nnodes", 1),
                   seq_len=spec["seq_len"], loss=spec["loss"],
                   activation_checkpointing=spec["activation_checkpointing"], ds_config=run.ds_config,
-                  engine=spec["engine"], kernels=spec.get("kernels", "stock"))
+                  engine=spec["engine"], kernels=spec.get("kernels", "stock"),
+                  host_pinning="torch" if spec.get("device") == "cuda" else "exact")
     kwargs.update(overrides)
     return estimate(**kwargs)
 

@@ -26,12 +26,14 @@ worst rank; offloaded states count on the host instead.
 from __future__ import annotations
 
 from labs.memory import layout as zero_layout
+from labs.memory.units import torch_pinned_bytes
 
 
 def deepspeed(params, layout, dims, stage, world, d, mixed, state_bytes, offload_optimizer, offload_param, knobs,
-              acts, accumulation=1):
+              acts, accumulation=1, pinned_rounding=False):
     """Returns (phases, resident_per_rank, host_bytes_per_rank, nvme_bytes_per_rank). With gradient accumulation
-    the gradients of the earlier micro-batches stay on the GPU through the later ones' forward and backward."""
+    the gradients of the earlier micro-batches stay on the GPU through the later ones' forward and backward.
+    `pinned_rounding`: the host buffers DeepSpeed pins take a power of two each (PyTorch's pinned allocator, GPUs)."""
     # ---- what each rank holds for good once the first step has run
     master = 4 if (mixed or stage >= 1) else 0                 # fp32 ZeRO-1/2/3 still clone an fp32 partition
     bucket = reduce_bucket_bytes(knobs, d, stage=3)            # ZeRO-3's one contiguous gradient bucket
@@ -61,7 +63,8 @@ def deepspeed(params, layout, dims, stage, world, d, mixed, state_bytes, offload
     gpu_share = sum(on_gpu) / partition if on_gpu else 0.0
     optimizer_gpu = gpu_share * optimizer_rank if offload_optimizer else optimizer_rank
     host, nvme, staging_gpu = _offloaded_optimizer(layout, dims, stage, d, partition, optimizer_rank,
-                                                   offload_optimizer, z3 if stage == 3 else None, knobs, gpu_share)
+                                                   offload_optimizer, z3 if stage == 3 else None, knobs, gpu_share,
+                                                   pinned_rounding)
     if offload_param:
         if offload_param == "nvme":
             nvme += params_rank
@@ -188,7 +191,7 @@ NVME_OPTIMIZER_BUFFERS = 4
 
 
 def _offloaded_optimizer(layout, dims, stage, d, partition, optimizer_rank, offload_optimizer, z3, knobs,
-                         gpu_share=0.0):
+                         gpu_share=0.0, pinned_rounding=False):
     """Bytes per rank that an offloaded optimizer puts on the host and on NVMe, and the staging buffer it keeps on
     the GPU: (host, nvme, staging_gpu). From DeepSpeed 0.19.8's allocations:
     - CPU Adam steps the fp32 master partition and its states (optimizer_rank) with an fp32 gradient partition (4
@@ -201,7 +204,11 @@ def _offloaded_optimizer(layout, dims, stage, d, partition, optimizer_rank, offl
       keeps the bf16 gradient partition, one sub-group's fp32 gradient buffer and the swap buffers (each one
       sub-group of fp32; with only a parameter count, a sub-group is sub_group_size elements).
     - ZeRO-3 partial offload: the `gpu_share` of the partition in the GPU's sub-groups keeps its master, states and fp32
-      gradient on the GPU, not the host."""
+      gradient on the GPU, not the host.
+    - `pinned_rounding` (ZeRO-1/2 with `pin_memory: true` on a GPU): the four pinned buffers (fp32 master, fp32
+      gradient, d-byte partition, staging buffer) take a power of two each; the Adam states are pageable
+      (results/gpu/zenflow_1xh200/off20b: 41.0 GiB shared = 16 + 16 + 8 + 1 for the 3B on one GPU). ZeRO-3's
+      pinned buffers are per sub-group and not rounded here (no record to check them against)."""
     if not offload_optimizer:
         return 0, 0, 0
     staging = d * max(n for _, n in layout) if dims and stage in (1, 2) else 0
@@ -209,6 +216,11 @@ def _offloaded_optimizer(layout, dims, stage, d, partition, optimizer_rank, offl
         sub_group = z3["largest_sub_group"] if dims else min(partition, knobs["sub_group_size"])
         host = d * partition + 4 * sub_group * (1 + NVME_OPTIMIZER_BUFFERS)
         return host, optimizer_rank + 4 * partition, 0
+    if pinned_rounding and stage in (1, 2):
+        states = optimizer_rank - 4 * partition
+        pinned = (torch_pinned_bytes(4 * partition) * 2 + torch_pinned_bytes(d * partition)
+                  + torch_pinned_bytes(staging))
+        return states + pinned, 0, staging
     return (1 - gpu_share) * (optimizer_rank + 4 * partition) + d * partition + staging, 0, staging
 
 

@@ -2,19 +2,23 @@
 labs.memory (checked against the chapter's runs: tests/test_state_bytes.py) and from run b's recorded timers."""
 from __future__ import annotations
 
-from labs import memory, resolve
+from labs import CONFIGS, memory, resolve
+from labs import config as config_lib
 from labs.bench import results
 from labs.course.exercises.registry import exercise
 
 GiB = 2**30
 
 
-@exercise("03.1", "Qwen2.5-7B in bf16 with ZeRO-2 and the optimizer offloaded (zero2_offload_optimizer.json) on one "
-          "node of 8 GPUs: how many GiB of host memory does the node need, staging buffers included?", "GiB",
-          rel=0.02, hint="per partitioned parameter: fp32 master 4 + Adam 8 + fp32 gradient 4 + the bf16 buffer for "
-                         "the updated weights 2; and per rank a host staging buffer as big as the largest parameter")
+@exercise("03.1", "Qwen2.5-7B in bf16 with ZeRO-2 and the optimizer offloaded (zero2_offload_optimizer.json, "
+          "pin_memory true) on one node of 8 GPUs: how many GiB of host memory does the node need, staging buffers "
+          "and PyTorch's pinning included?", "GiB",
+          rel=0.02, hint="per rank, pinned and so each rounded up to a power of two: the fp32 master partition (4 bytes "
+                         "per partitioned parameter), its fp32 gradient (4), the bf16 buffer for the updated weights "
+                         "(2) and a bf16 staging buffer as big as the largest parameter; not pinned: Adam's 8")
 def _zero2_offload_host():
-    return memory.estimate("qwen2.5-7b", stage=2, gpus_per_node=8, offload_optimizer="cpu").host_per_node_bytes / GiB
+    return memory.estimate("qwen2.5-7b", gpus_per_node=8, host_pinning="torch",
+                           ds_config=config_lib.load(CONFIGS / "zero2_offload_optimizer.json")).host_per_node_bytes / GiB
 
 
 @exercise("03.2", "Run b (ZeRO-3 + optimizer offload, 1 x H200): if gradient accumulation 4 "
