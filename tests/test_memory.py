@@ -343,3 +343,11 @@ def test_pinned_host_buffers_take_a_power_of_two_each_on_a_gpu():
     assert shared == pytest.approx(torch_pinned.host_per_node_bytes / 2**30 - states, abs=0.1)
     assert 0.97 < torch_pinned.host_per_node_bytes / 2**30 / (shared + private) < 1.0
     assert exact.host_per_node_bytes / 2**30 / (shared + private) < 0.81
+    # the same run with DeepSpeed's native backend (round 11): page-locked at their own sizes, as private memory
+    from labs import RESULTS
+    from labs.course import host_samples
+
+    native = host_samples.read(RESULTS / "gpu" / "pinned_host_1xh200" / "native4")["at_tightest"]
+    held = sum(gib for (role, _), gib in native.items() if role == "training rank")
+    assert native[("training rank", "RssShmem")] < 0.1
+    assert 0.97 < exact.host_per_node_bytes / 2**30 / held < 1.0

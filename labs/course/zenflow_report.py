@@ -12,6 +12,7 @@ import json
 import re
 
 from labs import RESULTS
+from labs.course import host_samples
 from labs.metrics import read_jsonl
 
 FOLDER = RESULTS / "gpu" / "zenflow_1xh200"
@@ -52,29 +53,9 @@ def zenflow_oom(folder=FOLDER / "zf_mem") -> dict:
     return dict(killed=killed, least_free_gib=min(free_mib) / 1024)
 
 
-# What each process of a run is, from the command line tools/host_memory.sh saw first.
-ROLES = {"-m labs.rank": "training rank", "spawn_main": "ZenFlow's optimizer process"}
-
-
 def host_memory(name: str, folder=FOLDER) -> dict:
-    """tools/host_memory.sh's samples of one run (one line per second): the host's total (round10_free.txt, `free -g`
-    at the host's start), its least available memory, and for each process named in ROLES its largest RssAnon
-    (private memory) and RssShmem (shared memory; pinned blocks from cudaHostAlloc count here too), in GiB. A process's
-    shared pages are counted in every process that maps them, so the per-process figures do not add up to the host's."""
-    total_gib = next(float(line.split()[1]) for line in (folder / "round10_free.txt").read_text().splitlines()
-                     if line.startswith("Mem:"))
-    roles, peaks, avail_kib = {}, {}, []
-    for line in (folder / name / "host_samples.txt").read_text().splitlines():
-        _, pid, what, *rest = line.split()
-        if pid == "avail":
-            avail_kib.append(int(what))
-        elif what == "cmd":
-            role = next((r for key, r in ROLES.items() if key in " ".join(rest)), None)
-            if role:
-                roles[pid] = role
-        elif pid in roles:
-            key = (roles[pid], what.rstrip(":"))
-            peaks[key] = max(peaks.get(key, 0), int(rest[0]) / 2**20)
+    """labs.course.host_samples.read for one run of this folder (the host's `free -g`: round10_free.txt), with the
+    lines labs.zenflow_host printed in the job's output."""
+    found = host_samples.read(folder / name, free_txt=folder / "round10_free.txt")
     lines = (folder / name / "job.log").read_text().splitlines()
-    return dict(total_gib=total_gib, least_available_gib=min(avail_kib) / 2**20, peaks=peaks,
-                labs_lines=[line for line in lines if line.startswith("labs: ZenFlow")])
+    return dict(found, labs_lines=[line for line in lines if line.startswith("labs: ZenFlow")])

@@ -11,8 +11,8 @@ GiB = 2**30
 
 
 @exercise("03.1", "Qwen2.5-7B in bf16 with ZeRO-2 and the optimizer offloaded (zero2_offload_optimizer.json, "
-          "pin_memory true) on one node of 8 GPUs: how many GiB of host memory does the node need, staging buffers "
-          "and PyTorch's pinning included?", "GiB",
+          "pin_memory true) on one node of 8 GPUs: how many GiB of host memory do the optimizer's host buffers take "
+          "on the node, staging buffers and PyTorch's pinning included (not the processes themselves)?", "GiB",
           rel=0.02, hint="per rank, pinned and so each rounded up to a power of two: the fp32 master partition (4 bytes "
                          "per partitioned parameter), its fp32 gradient (4), the bf16 buffer for the updated weights "
                          "(2) and a bf16 staging buffer as big as the largest parameter; not pinned: Adam's 8")
