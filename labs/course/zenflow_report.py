@@ -4,7 +4,7 @@ speed per run, what the host's OOM killer reported before labs.zenflow_host, and
 
     zenflow_report.zenflow_runs()                      # round 4: plain offload, ZenFlow before and after the layout fix
     zenflow_report.zenflow_runs(zenflow_report.ROUND10)  # round 10: one host, the overlap fixed, its three yardsticks
-    zenflow_report.host_memory("zf_overlap20")         # least available host memory, per process peaks
+    zenflow_report.host_memory("zf_overlap20")         # least available host memory, each process then
 """
 from __future__ import annotations
 
@@ -36,8 +36,9 @@ def zenflow_runs(names=ROUND4, folder=FOLDER, cycle=4) -> dict[str, dict]:
         summary = json.loads((folder / name / "summary.json").read_text())
         runs[name] = dict(losses=losses, elapsed_s=[sum(seconds[1:k + 1]) for k in range(len(seconds))],
                           step_s=seconds, tokens_per_s_per_gpu=len(timed) * summary["tokens_per_step"] / sum(timed),
-                          fall=losses[0] - sum(losses[-5:]) / 5, tokens_per_step=summary["tokens_per_step"], params=summary["params"],
-                          micro_batch=summary["micro_batch"], grad_accum=summary["gradient_accumulation"],
+                          fall=losses[0] - sum(losses[-5:]) / 5, tokens_per_step=summary["tokens_per_step"],
+                          params=summary["params"], micro_batch=summary["micro_batch"],
+                          grad_accum=summary["gradient_accumulation"],
                           peak_gpu_gib=max(summary["peak_memory_bytes"]) / 2**30)      # one entry per rank
     return runs
 

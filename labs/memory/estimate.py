@@ -163,6 +163,10 @@ def estimate(preset=None, *, params=None, dims=None, stage=None, gpus_per_node=1
     notes = []
     if dims is None:
         notes.append("only a parameter count was given: activations, the loss and layer-sized buffers are 0")
+    if zero.get("zenflow"):
+        notes.append("ZenFlow's host memory is not modelled (the host figure is plain offload's): its overlapped step "
+                     "shares four fp32 buffers with a second process that holds 16 bytes per parameter of its own "
+                     "(results/gpu/zenflow_1xh200/zf_overlap20)")
     if "liger" in (loss, kernels):
         notes.append("Liger's Triton kernels need a GPU")
     if engine == "fsdp2":
