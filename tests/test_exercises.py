@@ -26,6 +26,7 @@ from labs.course import exercises
     ("05.4", 23.0, 24.9),                            # Qwen2.5-7B (GQA, 28 layers), not Qwen-7B's 24.9
     ("09.7", (74.1 + 98.4) / 2, 98.4 * 3 / 4),     # one more sequence's activations, not 3/4 of the whole peak
     ("09.8", 2 * 7_615_616_512 / 4 / 2**30, 2 * 7_615_616_512 / 2**30),   # a quarter of the model, not all of it
+    ("09.9", 16 * 7_615_616_512 / 2**30, 8 * 7_615_616_512 / 2**30),   # two sets of moments, not one
 ])
 def test_checkers_accept_the_answer_and_reject_others(id, right, wrong, capsys):
     unanswered = (exercises.check(id, None), capsys.readouterr().out)

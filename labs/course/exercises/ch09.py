@@ -98,3 +98,12 @@ def _accumulated_zero2_partition():
     one, four = (memory.estimate("qwen2.5-7b", stage=2, gpus_per_node=4, micro_batch=2, grad_accum=ga, loss="hf")
                  for ga in (1, 4))
     return (four.phases["loss_backward"]["total"] - one.phases["loss_backward"]["total"]) / 2**30
+
+
+@exercise("09.9", "ZenFlow with its overlapped step on Qwen2.5-7B (one GPU, ZeRO-2): how many GiB of private host memory "
+          "would its optimizer process hold? Reason from what that process keeps (round 10's intro), or scale round "
+          "10's 3B record.", "GiB", rel=0.02,
+          hint="it keeps Adam's two moments in fp32, in two sets (one updated while the other is read): 16 bytes per "
+               "parameter of the 7.6 B; the 3B's record scales by the parameter counts")
+def _zenflow_optimizer_process_7b():
+    return 16 * models.param_counts(QWEN)["total"] / 2**30
