@@ -4,7 +4,7 @@ from decimal import ROUND_HALF_UP, Decimal
 
 import pytest
 
-from conftest import run_labs
+from conftest import ROOT, run_labs
 from labs import memory, models, resolve
 
 # Rajbhandari et al. 2019 (arXiv:1910.02054), Table 1: per-device model-state memory in GB (10^9 bytes),
@@ -306,8 +306,9 @@ def test_partial_offload_keeps_the_first_sub_groups_on_the_gpu():
     for the 3B case (results/gpu/2026-12-02_p_*), 16 bytes x the 1.54e9 elements of the GPU's sub-groups."""
 
     from labs import CONFIGS
+    # host bytes at their own size: which sub-groups move is the question here, not PyTorch's pinning (tested below)
     full, half = (memory.estimate("qwen2.5-3b", stage=3, gpus_per_node=1, micro_batch=8, seq_len=4096,
-                                  ds_config=json.loads((CONFIGS / "bench" / name).read_text()))
+                                  ds_config=json.loads((CONFIGS / "bench" / name).read_text()), host_pinning="exact")
                   for name in ("labs_zero3_offload.json", "labs_zero3_offload_half.json"))
     knobs = resolve.zero_knobs(json.loads((CONFIGS / "bench" / "labs_zero3_offload.json").read_text()))
     groups = memory.layout.zero3_partition(memory.layout.param_layout(models.shape("qwen2.5-3b")), 1,
@@ -351,3 +352,44 @@ def test_pinned_host_buffers_take_a_power_of_two_each_on_a_gpu():
     held = sum(gib for (role, _), gib in native.items() if role == "training rank")
     assert native[("training rank", "RssShmem")] < 0.1
     assert 0.97 < exact.host_per_node_bytes / 2**30 / held < 1.0
+
+
+def test_zero3_pins_each_host_sub_groups_gradient_and_the_whole_bf16_partition():
+    """ZeRO-3 with the optimizer on the host (stage3.py): the fp32 master and Adam's states are pageable; each host
+    sub-group's fp32 gradient buffer is pinned on its own (1e9 elements: 4.0 GB -> 4 GiB) and the bf16 gradient
+    partition once (7.6 B parameters: 14.2 GiB -> 16 GiB)."""
+    config = json.loads((ROOT / "ds_configs" / "zero3_offload_optimizer.json").read_text())
+    kwargs = dict(ds_config=config, gpus_per_node=1, micro_batch=1, seq_len=4096)
+    pinned, exact = (memory.estimate("qwen2.5-7b", **kwargs, host_pinning=how) for how in ("torch", "exact"))
+    groups = memory.layout.zero3_partition(memory.layout.param_layout(models.shape("qwen2.5-7b")), 1,
+                                           pinned.breakdown["knobs"]["stage3_param_persistence_threshold"],
+                                           pinned.breakdown["knobs"]["sub_group_size"])["sub_groups"]
+    assert all(4e9 <= 4 * n <= 2**32 for n in groups[:-1]) and 4 * groups[-1] <= 2**32
+    extra = len(groups) * 2**32 - 4 * sum(groups) + 16 * 2**30 - 2 * sum(groups)
+    assert pinned.host_per_node_bytes - exact.host_per_node_bytes == pytest.approx(extra, rel=1e-9)
+
+
+def test_no_recorded_offload_run_would_have_been_refused_for_host_memory():
+    """labs train refuses on a GPU host an offload whose predicted host memory exceeds the host's: every offload case
+    that ran in results/gpu is predicted within its machine's memory (the 7B ones ran on the 252 GiB machine)."""
+    from labs.bench import results
+    from labs.errors import LabsError
+
+    checked = 0
+    for name, record in results.load_all().items():
+        for case in record["cases"].values():
+            if case.get("status") != "ok" or "offload" not in str(case.get("options", {}).get("config", "")):
+                continue
+            s = case["summary"]
+            checkpointing = s["activation_checkpointing"]
+            try:
+                est = memory.estimate(s["preset"], ds_config=case["ds_config"], gpus_per_node=s["world_size"],
+                                      seq_len=s["seq_len"], micro_batch=s["micro_batch"],
+                                      grad_accum=s["gradient_accumulation"], host_pinning="torch",
+                                      activation_checkpointing=checkpointing if checkpointing in ("none", "full")
+                                      else int(checkpointing))
+            except LabsError:      # run m's ZenFlow case, with the update_interval "auto" labs now refuses
+                continue
+            assert est.host_per_node_bytes <= record["host"]["host_memory_gib"] * 2**30, (name, s["preset"])
+            checked += 1
+    assert checked >= 19, checked               # every ok offload case of results/gpu but run m's ZenFlow

@@ -205,10 +205,12 @@ def _offloaded_optimizer(layout, dims, stage, d, partition, optimizer_rank, offl
       sub-group of fp32; with only a parameter count, a sub-group is sub_group_size elements).
     - ZeRO-3 partial offload: the `gpu_share` of the partition in the GPU's sub-groups keeps its master, states and fp32
       gradient on the GPU, not the host.
-    - `pinned_rounding` (ZeRO-1/2 with `pin_memory: true` on a GPU): the four pinned buffers (fp32 master, fp32
-      gradient, d-byte partition, staging buffer) take a power of two each; the Adam states are pageable
-      (results/gpu/zenflow_1xh200/off20b: 41.0 GiB shared = 16 + 16 + 8 + 1 for the 3B on one GPU). ZeRO-3's
-      pinned buffers are per sub-group and not rounded here (no record to check them against)."""
+    - `pinned_rounding` (`pin_memory: true` on a GPU): what DeepSpeed page-locks takes a power of two per buffer.
+      ZeRO-1/2: four buffers (fp32 master, fp32 gradient, d-byte partition, staging), the Adam states pageable
+      (results/gpu/zenflow_1xh200/off20b: 41.0 GiB shared = 16 + 16 + 8 + 1 for the 3B on one GPU). ZeRO-3
+      (stage3.py): the fp32 master and the states pageable; each host sub-group's fp32 gradient buffer pinned on its
+      own, and the d-byte gradient partition (`grad_partitions_flat_buffer`) pinned whole. No recorded host figure
+      checks the ZeRO-3 case yet."""
     if not offload_optimizer:
         return 0, 0, 0
     staging = d * max(n for _, n in layout) if dims and stage in (1, 2) else 0
@@ -216,6 +218,10 @@ def _offloaded_optimizer(layout, dims, stage, d, partition, optimizer_rank, offl
         sub_group = z3["largest_sub_group"] if dims else min(partition, knobs["sub_group_size"])
         host = d * partition + 4 * sub_group * (1 + NVME_OPTIMIZER_BUFFERS)
         return host, optimizer_rank + 4 * partition, 0
+    if pinned_rounding and stage == 3 and offload_optimizer == "cpu":
+        on_host = z3["sub_groups"][len(_gpu_sub_groups(z3, knobs)):]
+        pinned = sum(torch_pinned_bytes(4 * n) for n in on_host) + torch_pinned_bytes(d * partition)
+        return (1 - gpu_share) * optimizer_rank + pinned, 0, 0
     if pinned_rounding and stage in (1, 2):
         states = optimizer_rank - 4 * partition
         pinned = (torch_pinned_bytes(4 * partition) * 2 + torch_pinned_bytes(d * partition)
