@@ -330,13 +330,15 @@ def test_pinned_host_buffers_take_a_power_of_two_each_on_a_gpu():
     allocator (fp32 master 11.5 -> 16 GiB, fp32 gradient 11.5 -> 16, bf16 partition 5.7 -> 8, staging 0.6 -> 1);
     its private memory is the Adam states, 8 bytes per parameter, plus the process itself. Without the rounding the
     model misses 13 GiB of 65.5."""
-    from labs.course import zenflow_report
+    from labs import RESULTS
+    from labs.course import host_samples
 
     assert memory.units.torch_pinned_bytes(11.5 * 2**30) == 16 * 2**30
     assert memory.units.torch_pinned_bytes(2**30) == 2**30 and memory.units.torch_pinned_bytes(0) == 0
-    record = zenflow_report.host_memory("off20b")["peaks"]
+    off20b = RESULTS / "gpu" / "zenflow_1xh200" / "off20b"
+    record = host_samples.read(off20b, free_txt=off20b.parent / "round10_free.txt")["at_tightest"]
     shared, private = record[("training rank", "RssShmem")], record[("training rank", "RssAnon")]
-    config = json.loads((zenflow_report.FOLDER / "off20b" / "ds_config.json").read_text())
+    config = json.loads((off20b / "ds_config.json").read_text())
     kwargs = dict(ds_config=config, gpus_per_node=1, seq_len=4096, loss="liger", kernels="liger")
     torch_pinned = memory.estimate("qwen2.5-3b", **kwargs)
     exact = memory.estimate("qwen2.5-3b", **kwargs, host_pinning="exact")
@@ -345,9 +347,6 @@ def test_pinned_host_buffers_take_a_power_of_two_each_on_a_gpu():
     assert 0.97 < torch_pinned.host_per_node_bytes / 2**30 / (shared + private) < 1.0
     assert exact.host_per_node_bytes / 2**30 / (shared + private) < 0.81
     # the same run with DeepSpeed's native backend (round 11): page-locked at their own sizes, as private memory
-    from labs import RESULTS
-    from labs.course import host_samples
-
     native = host_samples.read(RESULTS / "gpu" / "pinned_host_1xh200" / "native4")["at_tightest"]
     held = sum(gib for (role, _), gib in native.items() if role == "training rank")
     assert native[("training rank", "RssShmem")] < 0.1

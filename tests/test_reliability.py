@@ -84,7 +84,6 @@ def test_a_7b_model_on_a_machine_without_the_memory(tmp_path, capsys):
     assert "labs.memory predicts a peak of" in line and "far above" in line
 
 
-
 def test_an_offloaded_7b_on_a_gpu_host_without_the_host_memory(monkeypatch):
     """On a GPU host labs also checks the offloaded optimizer's host memory before any rank starts: on the 1-GPU kind
     (125 GiB, results/gpu/zenflow_1xh200/round10_free.txt) the 3B's ZeRO-2 offload fits (64 GiB predicted, 65.5

@@ -1,6 +1,7 @@
 """Byte sizes as people write them (80GiB, 141GB, 24e9, 'H200') and the GPUs the course talks about."""
 from __future__ import annotations
 
+import math
 import re
 
 from labs.errors import LabsError
@@ -33,7 +34,7 @@ def torch_pinned_bytes(nbytes) -> int:
     """What one buffer of `nbytes` takes when PyTorch page-locks it (`tensor.pin_memory()`, DeepSpeed's default way of
     pinning on a GPU): its pinned-memory allocator (CachingHostAllocator) rounds each request up to a power of two,
     and its cache keeps the block for the run. 11.5 GiB of fp32 master weights take 16 GiB."""
-    nbytes = int(-(-nbytes // 1))
+    nbytes = math.ceil(nbytes)
     return 0 if nbytes <= 0 else 1 << (nbytes - 1).bit_length()
 
 
