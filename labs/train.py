@@ -135,7 +135,7 @@ def build_engine(spec: dict, ds_config: dict, device: torch.device):
     env.skip_muon_import(ds_config)    # torch.compile set-up for an optimizer this run does not use (see there)
     if ds_config.get("zero_optimization", {}).get("zenflow"):
         zenflow_layout.install()     # DeepSpeed 0.19.8 scrambles ZenFlow's weights without it (see there)
-        zenflow_host.install()       # and strands pinned host memory when its optimizer process starts (see there)
+        zenflow_host.install()       # strands pinned host memory, and copies its update back slowly (see there)
     deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo")
     zero3 = ds_config.get("zero_optimization", {}).get("stage", 0) == 3
     hf_model = models.build(spec["preset"], dtype=models.DTYPES[spec["precision"]], device=device, seed=spec["seed"],

@@ -15,9 +15,19 @@ shared blocks in place (cudaHostRegister, DeepSpeed's `register_host_memory`); D
 calls are then no-ops. The values, the views into them and what the optimizer process receives are unchanged.
 With it the same run finished on the same kind of host, 5.1 GiB of host memory left at its tightest second
 (results/gpu/zenflow_1xh200/zf_overlap20, round 10).
+
+A second fix, for the step that waits: every `update_interval` steps the training process copies the fp32 partition
+the optimizer process updated (its "stale" copy) into the GPU's bf16 parameters with `bf16.copy_(fp32)`. Across
+devices and dtypes PyTorch casts on the CPU first, into a new pageable block that then crosses PCIe synchronously:
+1.7-2.1 s per update on the 3B shape (`optimizer_transmit_time` in round 10's log), three times the CPU Adam wait it
+was meant to hide (0.05 ms: the optimizer process was done). labs creates the stale copy itself, shared and
+page-locked with the rest, and replaces that one copy with `copy_in_chunks`: fp32 chunks cross asynchronously into a
+GPU staging block and the GPU casts them. Same values (the cast rounds the same way on either side).
 """
 from __future__ import annotations
 
+import hashlib
+import inspect
 import sys
 
 import torch
@@ -28,13 +38,81 @@ GiB = 2 ** 30
 
 def handed_over(zf_optimizer) -> list[torch.Tensor]:
     """The tensors start_optimizer_process shares with the optimizer process, found as it finds them: per flat fp32
-    partition (ZeRO-3: each sub-group; ZeRO-1/2: each param group's one) its data and both gradient buffers. The stale
-    copy DeepSpeed creates there is fresh pageable memory, so it has nothing to give back."""
+    partition (ZeRO-3: each sub-group; ZeRO-1/2: each param group's one) its data, both gradient buffers and the stale
+    copy the optimizer process writes its result to. DeepSpeed creates that one there, pageable, unless it exists:
+    it is created here as DeepSpeed would, so that it is page-locked too and can cross to the GPU asynchronously."""
     if zf_optimizer.zf_stage3:
         params = list(zf_optimizer.fp32_partitioned_groups_flat)
     else:
         params = [group["params"][0] for group in zf_optimizer.optimizer.param_groups]
-    return [t for p in params for t in (p.data, p.overlap_grad[0].data, p.overlap_grad[1].data)]
+    for p in params:
+        if not hasattr(p, "stale_param"):
+            p.stale_param = torch.zeros_like(p.data, dtype=p.dtype, device=p.device)
+    return [t for p in params for t in (p.data, p.overlap_grad[0].data, p.overlap_grad[1].data, p.stale_param.data)]
+
+
+def copy_in_chunks(dst: torch.Tensor, src: torch.Tensor, chunk_elements: int = 64 * 2**20) -> None:
+    """dst.copy_(src) for a page-locked fp32 host tensor into a bf16 GPU tensor, cast on the GPU: chunk by chunk the
+    fp32 values cross PCIe asynchronously into one staging block (256 MiB at the default) and the GPU casts them into
+    dst. Both run on the current stream, so a chunk lands only after the previous one's cast has read the block. Then
+    it waits: the optimizer process writes src again as soon as the next update is submitted."""
+    assert src.device.type == "cpu" and src.is_contiguous() and dst.is_contiguous(), (src.device, dst.device)
+    assert src.numel() == dst.numel(), f"{src.numel()} fp32 values for {dst.numel()} parameters"
+    flat_src, flat_dst = src.view(-1), dst.view(-1)
+    staging = torch.empty(min(chunk_elements, src.numel()), dtype=src.dtype, device=dst.device)
+    for start in range(0, src.numel(), staging.numel()):
+        n = min(staging.numel(), src.numel() - start)
+        staging[:n].copy_(flat_src[start:start + n], non_blocking=True)
+        flat_dst[start:start + n].copy_(staging[:n])
+    if dst.is_cuda:
+        torch.cuda.current_stream(dst.device).synchronize()
+
+
+# DeepSpeed 0.19.8's ZenFlowZeroOptimizerParallel.wait_last_update_and_copy (runtime/zenflow/zenflow_stage_1_and_2.py,
+# Apache-2.0), whose source hashes to this: wait_last_update_and_copy below restates it with one change.
+RESTATED_SHA256 = "b3e57727b3da6173"
+
+
+def wait_last_update_and_copy(self):
+    """ZeRO-1/2 ZenFlow's end of an update round, as DeepSpeed 0.19.8 writes it (without its see_memory_usage calls,
+    which print nothing unless forced), except the line marked: wait for the optimizer process, bring its updated fp32
+    partition into the GPU's bf16 parameters, all-gather them across ranks, point the model at them."""
+    from deepspeed import comm as dist
+    from deepspeed.runtime.zenflow import zenflow_stage_1_and_2 as ds
+
+    if not getattr(self, "process_optimizer_established", False):
+        return
+    if self.micro_step + 1 > self.full_warm_up_rounds and self.first_update_round_after_warmup:
+        self.first_update_round_after_warmup = False
+        return
+    self.timers(ds.OPTIMIZER_RECV_PARAMS_TIMER).start()
+    self._wait_for_optimizer_process()
+    self.timers(ds.OPTIMIZER_RECV_PARAMS_TIMER).stop()
+    for i, group in enumerate(self.bit16_groups):
+        partition_id = dist.get_rank(group=self.real_dp_process_group[i])
+        fp32_partition = self.optimizer.param_groups[i]["params"][0].stale_param.data
+        self.timers(ds.OPTIMIZER_TRANSMIT_TIMER).start()
+        copy_in_chunks(self.parallel_partitioned_bit16_groups[i][partition_id].data, fp32_partition)   # the change
+        self.timers(ds.OPTIMIZER_TRANSMIT_TIMER).stop()
+    if self.cpu_offload:
+        self.reset_cpu_buffers()
+    self.timers(ds.OPTIMIZER_ALLGATHER_TIMER).start()
+    ds.all_gather_dp_groups(groups_flat=self.bit16_groups_flat,
+                            partitioned_param_groups=self.parallel_partitioned_bit16_groups,
+                            dp_process_group=self.real_dp_process_group,
+                            start_alignment_factor=self.nccl_start_alignment_factor,
+                            allgather_bucket_size=self.allgather_bucket_size)
+    self.timers(ds.OPTIMIZER_ALLGATHER_TIMER).stop()
+    self.timers(ds.OPTIMIZER_UPDATE_MODEL_TIMER).start()
+    for i in range(len(self.bit16_groups)):
+        self._update_model_bit16_weights(i)
+    self.timers(ds.OPTIMIZER_UPDATE_MODEL_TIMER).stop()
+    self.timers.log(ds.OPTIMIZER_TIMERS)
+
+
+def source_sha256(function) -> str:
+    """The first 16 hex digits of the SHA-256 of a function's source: what RESTATED_SHA256 is compared with."""
+    return hashlib.sha256(inspect.getsource(function).encode()).hexdigest()[:16]
 
 
 def share_and_pin(tensors, register, empty_pinned_cache) -> dict:
@@ -63,10 +141,19 @@ def _empty_pinned_cache():
 
 
 def install() -> None:
-    """Wrap start_optimizer_process where ZeRO-1/2 and ZeRO-3's ZenFlow call it (CUDA only: on a CPU nothing is
-    pinned). Idempotent."""
+    """Give ZeRO-1/2's overlapped ZenFlow labs' wait_last_update_and_copy (on any device: on a CPU its copy is a
+    plain chunked copy, which the CPU tests run), and on CUDA wrap start_optimizer_process where ZeRO-1/2 and ZeRO-3's
+    ZenFlow call it (on a CPU nothing is pinned). Idempotent."""
     from deepspeed.accelerator import get_accelerator
     from deepspeed.runtime.zenflow import engine_stage3, zenflow_stage_1_and_2
+
+    parallel = zenflow_stage_1_and_2.ZenFlowZeroOptimizerParallel
+    if parallel.wait_last_update_and_copy is not wait_last_update_and_copy:
+        if source_sha256(parallel.wait_last_update_and_copy) == RESTATED_SHA256:
+            parallel.wait_last_update_and_copy = wait_last_update_and_copy
+        else:       # another DeepSpeed: its copy stays, slower but its own
+            print("labs: this DeepSpeed's ZenFlow copy-back is not the one labs.zenflow_host restates (0.19.8's): "
+                  "left as it is", file=sys.stderr, flush=True)
 
     original = zenflow_stage_1_and_2.start_optimizer_process
     if getattr(original, _PATCHED, False) or get_accelerator().device_name() != "cuda":

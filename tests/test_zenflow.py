@@ -73,6 +73,34 @@ def test_zenflow_host_shares_each_storage_once_in_place_then_empties_the_cache_t
     assert moved == dict(shared_bytes=3 * 48, was_pinned_bytes=0)      # nothing can be pinned on a CPU-only torch
 
 
+def test_copy_in_chunks_gives_what_a_plain_cast_copy_gives():
+    """labs.zenflow_host.copy_in_chunks against torch's own fp32 -> bf16 copy_, with chunks that do not divide the
+    tensor (a last short chunk) and with one chunk larger than it; values chosen to need rounding."""
+    src = torch.randn(1000, dtype=torch.float32) * 1e3 + 1 / 3
+    expected = torch.empty(1000, dtype=torch.bfloat16).copy_(src)
+    for chunk in (7, 256, 4096):
+        dst = torch.full((1000,), float("nan"), dtype=torch.bfloat16)
+        zenflow_host.copy_in_chunks(dst, src, chunk_elements=chunk)
+        assert torch.equal(dst, expected), chunk
+    with pytest.raises(AssertionError, match="999 fp32 values for 1000 parameters"):
+        zenflow_host.copy_in_chunks(torch.empty(1000, dtype=torch.bfloat16), src[:999])
+
+
+def test_labs_restates_the_deepspeed_it_runs_with_and_installs_its_copy_back():
+    """The copy-back labs puts in place restates DeepSpeed 0.19.8's method: the installed DeepSpeed's source must be
+    the one restated (else install() leaves DeepSpeed's and says so), and install() puts labs' in place."""
+    from deepspeed.runtime.zenflow import zenflow_stage_1_and_2 as ds
+    parallel = ds.ZenFlowZeroOptimizerParallel
+    original = parallel.wait_last_update_and_copy
+    try:
+        if original is not zenflow_host.wait_last_update_and_copy:
+            assert zenflow_host.source_sha256(original) == zenflow_host.RESTATED_SHA256
+        zenflow_host.install()
+        assert parallel.wait_last_update_and_copy is zenflow_host.wait_last_update_and_copy
+    finally:
+        parallel.wait_last_update_and_copy = original
+
+
 def test_zenflow_with_the_overlapped_step_trains(tmp_path):
     """overlap_step: true, CPU Adam in ZenFlow's second process (on a CPU labs.zenflow_host stays out: nothing is
     pinned). The run ends, its optimizer process with it, and the loss falls."""
