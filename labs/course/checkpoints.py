@@ -145,15 +145,28 @@ def gpu_timing_blocker(out, preset="qwen2.5-7b", config="zero3.json", steps=2, *
     return None if free >= need else f"{free / 1e9:.0f} GB free under '{parent}', {need / 1e9:.0f} GB needed"
 
 
-def time_save_resume(out, preset="qwen2.5-7b", config="zero3.json", steps=2, **options) -> dict:
+def drop_page_cache() -> bool:
+    """Flush dirty pages and drop the Linux page cache, so that a load that follows reads the disk, not memory
+    (root only: /proc/sys/vm/drop_caches). Returns whether it was dropped."""
+    try:
+        os.sync()
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def time_save_resume(out, preset="qwen2.5-7b", config="zero3.json", steps=2, cold_load=False, **options) -> dict:
     """On a GPU host: a run that saves a checkpoint at its last step, then that run resumed for one more step
     without saving. The save's seconds and bytes come from the checkpoint's manifest, the load's from the resumed
-    run's resumed.json. Needs the disk for one checkpoint (12 bytes per parameter at ZeRO-3)."""
+    run's resumed.json. `cold_load`: drop the host's page cache between the two (drop_page_cache; it touches the
+    whole host, so only when asked). Needs the disk for one checkpoint (12 bytes per parameter at ZeRO-3)."""
     out = Path(out)
     start = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     saved = launch.run(preset=preset, config=config, steps=steps, save_every=steps, out=out / "save", stream=False,
                        **options)
     manifest = checkpoint.manifest(checkpoint.complete(saved.path)[-1])
+    cold = cold_load and drop_page_cache()
     resumed = launch.run(resume=saved.path, steps=steps + 1, save_every=None, out=out / "resume", stream=False)
     load = json.loads((resumed.path / checkpoint.RESUMED).read_text())
     gb = manifest["bytes"] / 1e9
@@ -164,9 +177,11 @@ def time_save_resume(out, preset="qwen2.5-7b", config="zero3.json", steps=2, **o
                 fsync_seconds=manifest["fsync_seconds"],
                 save_gb_per_s=gb / (manifest["save_seconds"] + manifest["fsync_seconds"]),
                 save_note="write and flush to disk (fsync) together", load_seconds=load["load_seconds"],
-                load_gb_per_s=gb / load["load_seconds"], load_note="the load reads files written moments before: "
-                "part of them may come from the host's page cache, not the disk",
+                load_gb_per_s=gb / load["load_seconds"],
+                load_note="the host's page cache was dropped before the load: a read from the disk" if cold else
+                "the load reads files written moments before: part of them may come from the host's page cache, "
+                "not the disk",
                 first_loss_after_resume=resumed.losses[steps],
                 loss_before=saved.losses[-1], versions=env.versions(),
                 command=f"labs.course.checkpoints.time_save_resume(out, preset={preset!r}, config={config!r}, "
-                        f"steps={steps}, **{options!r})")
+                        f"steps={steps}, cold_load={cold_load}, **{options!r})")
