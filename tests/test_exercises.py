@@ -27,6 +27,7 @@ from labs.course import exercises
     ("09.7", (74.1 + 98.4) / 2, 98.4 * 3 / 4),     # one more sequence's activations, not 3/4 of the whole peak
     ("09.8", 2 * 7_615_616_512 / 4 / 2**30, 2 * 7_615_616_512 / 2**30),   # a quarter of the model, not all of it
     ("09.9", 16 * 7_615_616_512 / 2**30, 8 * 7_615_616_512 / 2**30),   # two sets of moments, not one
+    ("09.10", 4 * 7_615_616_512 / 46.5e9, 2 * 7_615_616_512 / 46.5e9),   # fp32 crosses, cast on the GPU after
 ])
 def test_checkers_accept_the_answer_and_reject_others(id, right, wrong, capsys):
     unanswered = (exercises.check(id, None), capsys.readouterr().out)

@@ -5,6 +5,7 @@ speed per run, what the host's OOM killer reported before labs.zenflow_host, and
     zenflow_report.zenflow_runs()                      # round 4: plain offload, ZenFlow before and after the layout fix
     zenflow_report.zenflow_runs(zenflow_report.ROUND10)  # round 10: one host, the overlap fixed, its three yardsticks
     zenflow_report.host_memory("zf_overlap20")         # least available host memory, each process then
+    zenflow_report.step_timers("zf_fast20")            # round 12: DeepSpeed's timers per step, from the job's log
 """
 from __future__ import annotations
 
@@ -20,6 +21,16 @@ ROUND4 = ("off20", "zf_sync20", "zf_fix20")
 # Round 10 (2026-12-03, one host, tools/gpu_round10.jobs): ZenFlow with its overlapped CPU step and labs.zenflow_host,
 # ZenFlow without the overlap, plain offload, and labs without offload at 4 x 2 sequences (the same tokens per step).
 ROUND10 = ("zf_overlap20", "zf_sync20b", "off20b", "ref20")
+# Round 12 (2026-12-03, one host, tools/gpu_round12.jobs): the overlapped run again with labs' copy-back
+# (labs.zenflow_host.copy_in_chunks), labs without offload, and stock's best offload setup of run n (stock HF model and
+# loss, ZeRO-2 offload, 4 x 2, no checkpointing); then update_interval 8 (24 steps: whole 8-step cycles) and, 60 steps
+# each, ZenFlow and no offload, to follow the loss further.
+ROUND12 = ("zf_fast20", "ref20r", "stock_off20")
+ROUND12_LONG = ("zf_fast60", "ref60")
+ROUND12_UI8 = "zf_fast_ui8"
+# The target's loss tolerance: the loss at the same step within this many nats per token of labs without offload,
+# which takes the same steps as stock's offload (same update rule) and no ZenFlow approximation.
+LOSS_TOLERANCE = 0.05
 
 
 def zenflow_runs(names=ROUND4, folder=FOLDER, cycle=4) -> dict[str, dict]:
@@ -55,8 +66,50 @@ def zenflow_oom(folder=FOLDER / "zf_mem") -> dict:
 
 
 def host_memory(name: str, folder=FOLDER) -> dict:
-    """labs.course.host_samples.read for one run of this folder (the host's `free -g`: round10_free.txt), with the
-    lines labs.zenflow_host printed in the job's output."""
-    found = host_samples.read(folder / name, free_txt=folder / "round10_free.txt")
+    """labs.course.host_samples.read for one run of this folder (the host's `free -g` of its round: round12_free.txt
+    for round 12's runs, else round10_free.txt), with the lines labs.zenflow_host printed in the job's output."""
+    free = "round12_free.txt" if name in ROUND12 + ROUND12_LONG + (ROUND12_UI8,) else "round10_free.txt"
+    found = host_samples.read(folder / name, free_txt=folder / free)
     lines = (folder / name / "job.log").read_text().splitlines()
     return dict(found, labs_lines=[line for line in lines if line.startswith("labs: ZenFlow")])
+
+
+def step_timers(name: str, folder=FOLDER) -> list[dict[str, float]]:
+    """DeepSpeed's wall-clock timers (ms) of each optimizer step, read from the job's log (`wall_clock_breakdown`, one
+    micro-batch per step): the *_microstep timers and, on the steps that end an update round, the optimizer_* ones
+    (optimizer_receive_params_time: the wait for the optimizer process; optimizer_transmit_time: the copy of its
+    result into the GPU's weights), which DeepSpeed prints before that step's microstep line."""
+    steps, current = [], {}
+    for line in (folder / name / "job.log").read_text().splitlines():
+        if "time (ms) |" not in line:
+            continue
+        for key, value in re.findall(r"(\w+): ([\d.]+)", line.split("time (ms) |", 1)[1]):
+            if key.endswith("_microstep") or key.startswith("optimizer_"):
+                current[key] = float(value)
+        if "step_microstep" in line:
+            steps.append(current)
+            current = {}
+    return steps
+
+
+def round12_target() -> dict:
+    """Issue 12's offload target met by ZenFlow's speed, judged with its loss (round 12, one host, 3B, 32,768 tokens per
+    step): hidden = ZenFlow / labs without offload, and ZenFlow / stock's best offload setup, at update_interval 4
+    and 8; the loss at the last step of each ZenFlow run against no offload's (ref60) at that step, within
+    LOSS_TOLERANCE."""
+    runs = dict(zenflow_runs(ROUND12 + ROUND12_LONG), **zenflow_runs((ROUND12_UI8,), cycle=8))
+    none, stock = runs["ref20r"]["tokens_per_s_per_gpu"], runs["stock_off20"]["tokens_per_s_per_gpu"]
+    reference = runs["ref60"]["losses"]             # no offload, 60 steps (its first 20 are ref20r's, run again)
+    gaps = {name: runs[name]["losses"][-1] - reference[len(runs[name]["losses"]) - 1]
+            for name in ("zf_fast20", ROUND12_UI8, "zf_fast60")}
+    speed = {name: (runs[name]["tokens_per_s_per_gpu"] / none, runs[name]["tokens_per_s_per_gpu"] / stock)
+             for name in ("zf_fast20", ROUND12_UI8)}
+    fast = all(hidden >= 0.9 and over_stock >= 1.5 for hidden, over_stock in speed.values())
+    return dict(target=f"ZenFlow (labs' copy-back, round 12, same host): its CPU step >= 90% hidden and >= 1.5x "
+                       f"stock's best offload, same tokens per step, loss within {LOSS_TOLERANCE} of no offload at "
+                       "the same step",
+                measured=f"update_interval 4: {speed['zf_fast20'][0]:.0%} hidden, {speed['zf_fast20'][1]:.2f}x stock; "
+                         f"8: {speed[ROUND12_UI8][0]:.0%}, {speed[ROUND12_UI8][1]:.2f}x; loss above no offload's by "
+                         f"{gaps['zf_fast20']:.2f} at step 20 (interval 4), {gaps[ROUND12_UI8]:.2f} at step 24 "
+                         f"(interval 8), {gaps['zf_fast60']:.2f} at step 60 (interval 4; from random weights)",
+                met=fast and max(gaps.values()) <= LOSS_TOLERANCE, speed=speed, gaps=gaps)

@@ -3,7 +3,7 @@ answer is the measurement in the committed GPU results (or labs' formula where t
 labs.memory where no run measured the case), and the tolerance is what the reasoning can be expected to reach."""
 from labs import memory, models
 from labs.bench import results
-from labs.course import autotune_report, gpu_report
+from labs.course import autotune_report, gpu_report, zenflow_report
 from labs.course.exercises.registry import exercise
 from labs.memory import activations
 
@@ -107,3 +107,18 @@ def _accumulated_zero2_partition():
                "parameter of the 7.6 B; the 3B's record scales by the parameter counts")
 def _zenflow_optimizer_process_7b():
     return 16 * models.param_counts(QWEN)["total"] / 2**30
+
+
+def _copy_back_bytes_per_second() -> float:
+    """Round 12's labs copy back: the 3B's fp32 weights over the mean copy time of its update steps."""
+    updates = [t for t in zenflow_report.step_timers("zf_fast20")[4:] if "optimizer_transmit_time" in t]
+    seconds = sum(t["optimizer_transmit_time"] for t in updates) / len(updates) / 1e3
+    return 4 * zenflow_report.zenflow_runs(("zf_fast20",))["zf_fast20"]["params"] / seconds
+
+
+@exercise("09.10", "ZenFlow on Qwen2.5-7B, one GPU, with labs' copy back: at the GB/s round 12's copy reached on "
+          "the 3B, how many seconds does one update's copy of the 7B's weights to the GPU take?", "s", rel=0.05,
+          hint="what crosses is the fp32 result of the optimizer process, 4 bytes per parameter of the 7.6 B (the "
+               "cast to bf16 happens on the GPU, after the crossing); divide by the 3B's GB/s")
+def _copy_back_7b():
+    return 4 * models.param_counts(QWEN)["total"] / _copy_back_bytes_per_second()
