@@ -243,5 +243,4 @@ def host_memory_bytes() -> int:
 def host_pinning(on_gpu: bool) -> str:
     """How DeepSpeed will page-lock host buffers in this process's environment (labs.memory.estimate's host_pinning):
     on a CPU nothing is pinned; on a GPU, by PyTorch's allocator unless DeepSpeed's native backend is chosen."""
-    native = os.environ.get("DS_PIN_MEMORY_BACKEND", "torch").strip().lower() == "native"
-    return "torch" if on_gpu and not native else "exact"
+    return memory.host_pinning_of(on_gpu, os.environ.get("DS_PIN_MEMORY_BACKEND"))

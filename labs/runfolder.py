@@ -59,6 +59,12 @@ class Run:
         return json.loads((self.path / "ds_config.json").read_text())
 
     @property
+    def environment(self) -> dict:
+        """What launch recorded of the ranks' environment (environment.json; {} in folders written before it)."""
+        path = self.path / "environment.json"
+        return json.loads(path.read_text()) if path.is_file() else {}
+
+    @property
     def losses(self) -> list[float]:
         return [m["loss"] for m in self.metrics]
 

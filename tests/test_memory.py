@@ -353,6 +353,27 @@ def test_pinned_host_buffers_take_a_power_of_two_each_on_a_gpu():
     assert 0.97 < exact.host_per_node_bytes / 2**30 / held < 1.0
 
 
+def test_from_run_follows_the_pinning_backend_the_run_recorded(tmp_path):
+    """A run folder records DS_PIN_MEMORY_BACKEND (environment.json); from_run then estimates the host as the run
+    pinned it: rounded on a GPU under PyTorch's allocator, exact under DeepSpeed's native one or on a CPU."""
+    from labs import RESULTS
+    from labs.runfolder import Run
+
+    record = RESULTS / "gpu" / "zenflow_1xh200" / "off20b"          # a GPU run, offload with pin_memory: true
+    run = tmp_path / "off20b"
+    run.mkdir()
+    for name in ("run.json", "ds_config.json", "summary.json"):
+        (run / name).write_text((record / name).read_text())
+    hosts = {}
+    for backend in (None, "native", "torch"):
+        (run / "environment.json").write_text(json.dumps({"DS_PIN_MEMORY_BACKEND": backend}))
+        hosts[backend] = memory.from_run(Run(run)).host_per_node_bytes
+    assert hosts[None] == hosts["torch"] > hosts["native"]
+    assert Run(tmp_path / "no-such-run").environment == {}
+    assert [memory.host_pinning_of(gpu, b) for gpu, b in ((True, None), (True, " Native"), (False, None))] == \
+        ["torch", "exact", "exact"]
+
+
 def test_zero3_pins_each_host_sub_groups_gradient_and_the_whole_bf16_partition():
     """ZeRO-3 with the optimizer on the host (stage3.py): the fp32 master and Adam's states are pageable; each host
     sub-group's fp32 gradient buffer is pinned on its own (1e9 elements: 4.0 GB -> 4 GiB) and the bf16 gradient

@@ -37,6 +37,13 @@ ENGINES = ("deepspeed", "fsdp2")
 HOST_PINNING = ("torch", "exact")
 
 
+def host_pinning_of(on_gpu: bool, pin_memory_backend: str | None) -> str:
+    """estimate()'s host_pinning for ranks on a GPU or not, under DeepSpeed's DS_PIN_MEMORY_BACKEND (None: unset):
+    on a CPU nothing is pinned; on a GPU PyTorch's allocator pins, rounding up, unless the native backend is chosen."""
+    native = (pin_memory_backend or "torch").strip().lower() == "native"
+    return "torch" if on_gpu and not native else "exact"
+
+
 # ------------------------------------------------------------------------------------------ the estimate
 @dataclass
 class MemoryEstimate:
@@ -195,7 +202,8 @@ def from_run(run, **overrides) -> MemoryEstimate:
                   seq_len=spec["seq_len"], loss=spec["loss"],
                   activation_checkpointing=spec["activation_checkpointing"], ds_config=run.ds_config,
                   engine=spec["engine"], kernels=spec.get("kernels", "stock"),
-                  host_pinning="torch" if spec.get("device") == "cuda" else "exact")
+                  host_pinning=host_pinning_of(spec.get("device") == "cuda",
+                                               run.environment.get("DS_PIN_MEMORY_BACKEND")))
     kwargs.update(overrides)
     return estimate(**kwargs)
 
