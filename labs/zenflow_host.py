@@ -17,12 +17,14 @@ With it the same run finished on the same kind of host, 5.1 GiB of host memory l
 (results/gpu/zenflow_1xh200/zf_overlap20, round 10).
 
 A second fix, for the step that waits: every `update_interval` steps the training process copies the fp32 partition
-the optimizer process updated (its "stale" copy) into the GPU's bf16 parameters with `bf16.copy_(fp32)`. Across
-devices and dtypes PyTorch casts on the CPU first, into a new pageable block that then crosses PCIe synchronously:
-1.7-2.1 s per update on the 3B shape (`optimizer_transmit_time` in round 10's log), three times the CPU Adam wait it
-was meant to hide (0.05 ms: the optimizer process was done). labs creates the stale copy itself, shared and
-page-locked with the rest, and replaces that one copy with `copy_in_chunks`: fp32 chunks cross asynchronously into a
-GPU staging block and the GPU casts them. Same values (the cast rounds the same way on either side).
+the optimizer process updated (its "stale" copy) into the GPU's bf16 parameters with `bf16.copy_(fp32)`, a blocking
+copy. Across devices and dtypes a blocking copy casts on the CPU first (PyTorch's copy_kernel_cuda: to spare the GPU a
+temporary), into a new pageable block that then crosses PCIe: 1.7-2.1 s per update on the 3B shape
+(`optimizer_transmit_time` in round 10's log), while the wait for CPU Adam, the work the overlap hides, took 0.05 ms.
+(DeepSpeed's plain offload path avoids this: it casts into a pinned bf16 buffer and copies that asynchronously.)
+labs creates the stale copy itself, shared and page-locked with the rest, and replaces that one copy with
+`copy_in_chunks`: fp32 chunks go by DMA from page-locked memory into a GPU staging block and the GPU casts them,
+without a full-size fp32 temporary on the GPU. Same values (the cast rounds the same way on either side).
 """
 from __future__ import annotations
 

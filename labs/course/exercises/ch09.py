@@ -116,8 +116,9 @@ def _copy_back_bytes_per_second() -> float:
     return 4 * zenflow_report.zenflow_runs(("zf_fast20",))["zf_fast20"]["params"] / seconds
 
 
-@exercise("09.10", "ZenFlow on Qwen2.5-7B, one GPU, with labs' copy back: at the GB/s round 12's copy reached on "
-          "the 3B, how many seconds does one update's copy of the 7B's weights to the GPU take?", "s", rel=0.05,
+@exercise("09.10", "ZenFlow on Qwen2.5-7B, one GPU, with labs' copy back, on a host with the memory for it: at the "
+          "GB/s (1e9 bytes per second) round 12's copy delivered the 3B's fp32 result, how many seconds does one "
+          "update's copy of the 7B's result to the GPU take?", "s", rel=0.05,
           hint="what crosses is the fp32 result of the optimizer process, 4 bytes per parameter of the 7.6 B (the "
                "cast to bf16 happens on the GPU, after the crossing); divide by the 3B's GB/s")
 def _copy_back_7b():
