@@ -90,7 +90,7 @@ def wait_last_update_and_copy(self):
     self.timers(ds.OPTIMIZER_RECV_PARAMS_TIMER).start()
     self._wait_for_optimizer_process()
     self.timers(ds.OPTIMIZER_RECV_PARAMS_TIMER).stop()
-    for i, group in enumerate(self.bit16_groups):
+    for i in range(len(self.bit16_groups)):
         partition_id = dist.get_rank(group=self.real_dp_process_group[i])
         fp32_partition = self.optimizer.param_groups[i]["params"][0].stale_param.data
         self.timers(ds.OPTIMIZER_TRANSMIT_TIMER).start()
@@ -112,9 +112,13 @@ def wait_last_update_and_copy(self):
     self.timers.log(ds.OPTIMIZER_TIMERS)
 
 
-def source_sha256(function) -> str:
-    """The first 16 hex digits of the SHA-256 of a function's source: what RESTATED_SHA256 is compared with."""
-    return hashlib.sha256(inspect.getsource(function).encode()).hexdigest()[:16]
+def source_sha256(function) -> str | None:
+    """The first 16 hex digits of the SHA-256 of a function's source: what RESTATED_SHA256 is compared with (None
+    where the source cannot be read, e.g. an install without .py files: then nothing is replaced)."""
+    try:
+        return hashlib.sha256(inspect.getsource(function).encode()).hexdigest()[:16]
+    except (OSError, TypeError):
+        return None
 
 
 def share_and_pin(tensors, register, empty_pinned_cache) -> dict:

@@ -174,9 +174,7 @@ def test_round_12s_records_hold_what_chapter_9_reads_off_them():
     assert noise < 1e-3 and moved <= 2 * noise, (moved, noise)
     assert max(abs(a - b) for a, b in zip(runs["stock_off20"]["losses"], runs["ref20r"]["losses"])) < 0.01
 
-    def update_steps(name):
-        return [t for t in z.step_timers(name)[4:] if "optimizer_transmit_time" in t]
-    before, after = update_steps("zf_overlap20"), update_steps("zf_fast20")
+    before, after = z.update_steps("zf_overlap20"), z.update_steps("zf_fast20")
     assert len(before) == len(after) == 3
     assert all(t["optimizer_receive_params_time"] < 1 for t in before + after)
     assert min(t["optimizer_transmit_time"] for t in before) > 5 * max(t["optimizer_transmit_time"] for t in after)

@@ -111,7 +111,7 @@ def _zenflow_optimizer_process_7b():
 
 def _copy_back_bytes_per_second() -> float:
     """Round 12's labs copy back: the 3B's fp32 weights over the mean copy time of its update steps."""
-    updates = [t for t in zenflow_report.step_timers("zf_fast20")[4:] if "optimizer_transmit_time" in t]
+    updates = zenflow_report.update_steps("zf_fast20")
     seconds = sum(t["optimizer_transmit_time"] for t in updates) / len(updates) / 1e3
     return 4 * zenflow_report.zenflow_runs(("zf_fast20",))["zf_fast20"]["params"] / seconds
 
