@@ -374,6 +374,35 @@ def test_from_run_follows_the_pinning_backend_the_run_recorded(tmp_path):
         ["torch", "exact", "exact"]
 
 
+def test_zenflow_overlap_host_model_against_both_h200_records():
+    """labs.memory.zenflow against the two recorded overlapped runs (the 3B on one H200, results/gpu/zenflow_1xh200;
+    round 10 before labs' copy back, round 12 with it): the four shared fp32 buffers are the optimizer process's
+    shared memory, its moments are its private memory, each 16 bytes per parameter; the whole model is below what
+    the processes held by the training rank's unexplained shared memory (8.4 GiB in both) and its own private memory
+    (round 10's larger: DeepSpeed's copy back allocated a pageable bf16 copy each update). ZenFlow without the
+    overlap keeps plain offload's host figure."""
+    from labs import RESULTS
+    from labs.course import host_samples
+
+    folder = RESULTS / "gpu" / "zenflow_1xh200"
+    optimizer, trainer = "ZenFlow's optimizer process", "training rank"
+    for name, free in (("zf_overlap20", "round10_free.txt"), ("zf_fast20", "round12_free.txt")):
+        est = memory.from_run(folder / name)
+        held = host_samples.read(folder / name, free_txt=folder / free)["at_tightest"]
+        slice_gib = est.params / 2**30                    # one rank: its slice is the whole model (padded by <2)
+        assert held[(optimizer, "RssShmem")] == pytest.approx(16 * slice_gib, abs=0.1), name
+        assert held[(optimizer, "RssAnon")] == pytest.approx(16 * slice_gib, abs=0.5), name
+        in_trainers_shared = est.host_per_node_bytes / 2**30 - 16 * slice_gib    # all but the moments
+        unexplained = held[(trainer, "RssShmem")] - in_trainers_shared
+        assert 8.2 < unexplained < 8.6, (name, unexplained)
+        assert any("8.4 GiB more" in note for note in est.notes)
+    sync = json.loads((folder / "zf_sync20b" / "ds_config.json").read_text())
+    plain = json.loads((folder / "off20b" / "ds_config.json").read_text())
+    kwargs = dict(gpus_per_node=1, seq_len=4096, loss="liger", kernels="liger")
+    assert (memory.estimate("qwen2.5-3b", ds_config=sync, **kwargs).host_per_node_bytes
+            == memory.estimate("qwen2.5-3b", ds_config=plain, **kwargs).host_per_node_bytes)
+
+
 def test_zero3_pins_each_host_sub_groups_gradient_and_the_whole_bf16_partition():
     """ZeRO-3 with the optimizer on the host (stage3.py): the fp32 master and Adam's states are pageable; each host
     sub-group's fp32 gradient buffer is pinned on its own (1e9 elements: 4.0 GB -> 4 GiB) and the bf16 gradient

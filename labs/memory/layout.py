@@ -34,12 +34,16 @@ def largest_layer_params(dims: dict) -> int:
     return max(vocab * h, f * h, h * h + h)
 
 
+def zero12_partition(params: int, world: int) -> int:
+    """Elements of one rank's ZeRO-1/2 slice: the flat buffer padded to 2 * world elements, split evenly."""
+    return -(-params // (2 * world)) * 2
+
+
 def zero12_grad_elements(layout, world: int) -> list[int]:
     """ZeRO-1/2 keep, per rank, the gradient of every parameter that overlaps the rank's slice of the flat
     buffer, whole (stage_1_and_2.py `grads_in_partition` / `averaged_gradients`): a big embedding that
     straddles two slices is held whole by both ranks."""
-    total = sum(n for _, n in layout)
-    part = -(-total // (2 * world)) * 2     # flat buffer padded to 2 * world elements, split evenly
+    part = zero12_partition(sum(n for _, n in layout), world)
     held, offset = [0] * world, 0
     for _, numel in layout:
         for r in range(offset // part, min(world, -(-(offset + numel) // part))):

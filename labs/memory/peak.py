@@ -44,7 +44,7 @@ def deepspeed(params, layout, dims, stage, world, d, mixed, state_bytes, offload
         params_rank = d * (partition + z3["persistent"])       # ds_tensor partitions + small params kept whole
         grads_rank = [d * partition + bucket] * world
     elif stage in (1, 2):
-        partition = -(-params // (2 * world)) * 2              # slice of the flat buffer (padded to 2 x world)
+        partition = zero_layout.zero12_partition(params, world)   # slice of the flat buffer (padded to 2 x world)
         params_rank = d * partition * world
         # with only a parameter count, assume parameters small enough that each rank holds ~its slice
         held = zero_layout.zero12_grad_elements(layout, world) if dims else [partition] * world
