@@ -375,7 +375,7 @@ def test_from_run_follows_the_pinning_backend_the_run_recorded(tmp_path):
 
 
 def test_zenflow_overlap_host_model_against_both_h200_records():
-    """labs.memory.zenflow against the two recorded overlapped runs (the 3B on one H200, results/gpu/zenflow_1xh200;
+    """labs.memory.host (ZenFlow) against the two recorded overlapped runs (the 3B on one H200, results/gpu/zenflow_1xh200;
     round 10 before labs' copy back, round 12 with it): the four shared fp32 buffers are the optimizer process's
     shared memory, its moments are its private memory, each 16 bytes per parameter; the whole model is below what
     the processes held by the training rank's unexplained shared memory (8.4 GiB in both) and its own private memory
@@ -401,6 +401,28 @@ def test_zenflow_overlap_host_model_against_both_h200_records():
     kwargs = dict(gpus_per_node=1, seq_len=4096, loss="liger", kernels="liger")
     assert (memory.estimate("qwen2.5-3b", ds_config=sync, **kwargs).host_per_node_bytes
             == memory.estimate("qwen2.5-3b", ds_config=plain, **kwargs).host_per_node_bytes)
+
+
+def test_zero2_offload_with_accumulation_keeps_each_parameters_gradient_on_the_host():
+    """ZeRO-1/2 offload under gradient accumulation (stage_1_and_2.py async_accumulate_grad_in_cpu_via_gpu): one bf16
+    buffer per parameter of the rank's partition, whole, pinned one by one (each rounded up under PyTorch's
+    allocator); none without accumulation, none at ZeRO-3. On 2 ranks a parameter that straddles the two slices is
+    held by both."""
+    config = json.loads((ROOT / "ds_configs" / "bench" / "labs_zero2_offload.json").read_text())
+    kwargs = dict(ds_config=config, seq_len=4096, micro_batch=4, loss="liger", kernels="liger")
+    numels = [n for _, n in memory.layout.param_layout(models.shape("qwen2.5-3b"))]
+
+    def host(gpus, accumulation, pinning):
+        return memory.estimate("qwen2.5-3b", gpus_per_node=gpus, grad_accum=accumulation, host_pinning=pinning,
+                               **kwargs).host_per_node_bytes
+    assert host(1, 2, "exact") - host(1, 1, "exact") == 2 * sum(numels)
+    assert host(1, 4, "torch") - host(1, 1, "torch") == sum(memory.units.torch_pinned_bytes(2 * n) for n in numels)
+    per_rank = memory.layout.zero12_params_per_rank(memory.layout.param_layout(models.shape("qwen2.5-3b")), 2)
+    assert sum(len(r) for r in per_rank) == len(numels) + 1                 # one parameter straddles the slices
+    assert host(2, 2, "exact") - host(2, 1, "exact") == 2 * sum(sum(r) for r in per_rank)
+    zero3 = json.loads((ROOT / "ds_configs" / "zero3_offload_optimizer.json").read_text())
+    assert (memory.estimate("qwen2.5-3b", ds_config=zero3, gpus_per_node=1, grad_accum=2).host_per_node_bytes
+            == memory.estimate("qwen2.5-3b", ds_config=zero3, gpus_per_node=1, grad_accum=1).host_per_node_bytes)
 
 
 def test_zero3_pins_each_host_sub_groups_gradient_and_the_whole_bf16_partition():

@@ -26,7 +26,7 @@ from labs import fsdp, models, resolve
 from labs.errors import LabsError, check_choice
 from labs.memory import activations as act
 from labs.memory import layout as zero_layout
-from labs.memory import peak, zenflow
+from labs.memory import host, peak
 from labs.memory.accounting import OPTIMIZERS, deepspeed_estimator, optimizer_state_bytes, paper_model_states_bytes
 from labs.memory.units import parse_bytes, usable_bytes
 from labs.runfolder import Run
@@ -161,9 +161,11 @@ def estimate(preset=None, *, params=None, dims=None, stage=None, gpus_per_node=1
         phases, resident, host_rank, nvme_rank = peak.deepspeed(**args,
                                                                 accumulation=resolved["gradient_accumulation_steps"],
                                                                 pinned_rounding=pinned)
-        if zenflow.overlaps_its_step(zero) and stage in (1, 2) and offload_optimizer == "cpu":
+        if host.overlaps_its_step(zero) and stage in (1, 2) and offload_optimizer == "cpu":
             staging = d * max(n for _, n in layout) if dims else 0
-            host_rank = zenflow.host_per_rank_bytes(zero_layout.zero12_partition(params, world), d, staging, pinned)
+            host_rank = host.zenflow_per_rank_bytes(zero_layout.zero12_partition(params, world), d, staging, pinned)
+        elif grad_accum > 1 and stage in (1, 2) and offload_optimizer == "cpu" and not zero.get("zenflow"):
+            host_rank += host.accumulation_per_rank_bytes(layout, world, d, pinned)
     for p in phases.values():
         p["total"] = sum(p.values())
         for key in p:
@@ -173,9 +175,9 @@ def estimate(preset=None, *, params=None, dims=None, stage=None, gpus_per_node=1
     notes = []
     if dims is None:
         notes.append("only a parameter count was given: activations, the loss and layer-sized buffers are 0")
-    if zero.get("zenflow") and zenflow.overlaps_its_step(zero) and stage in (1, 2):
+    if zero.get("zenflow") and host.overlaps_its_step(zero) and stage in (1, 2):
         notes.append("ZenFlow's overlapped step: the host figure counts the four fp32 buffers it shares with its "
-                     "optimizer process and that process's moments (labs.memory.zenflow); the 3B runs on one H200 held "
+                     "optimizer process and that process's moments (labs.memory.host); the 3B runs on one H200 held "
                      "8.4 GiB more, unexplained")
     elif zero.get("zenflow"):
         notes.append("ZenFlow: the host figure is plain offload's (without its overlap, or at ZeRO-3, ZenFlow's host "

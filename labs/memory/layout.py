@@ -39,17 +39,23 @@ def zero12_partition(params: int, world: int) -> int:
     return -(-params // (2 * world)) * 2
 
 
+def zero12_params_per_rank(layout, world: int) -> list[list[int]]:
+    """Per rank, the element counts of the parameters that overlap its ZeRO-1/2 slice of the flat buffer
+    (stage_1_and_2.py `params_in_partition`): a big embedding that straddles two slices belongs to both."""
+    part = zero12_partition(sum(n for _, n in layout), world)
+    per_rank, offset = [[] for _ in range(world)], 0
+    for _, numel in layout:
+        for r in range(offset // part, min(world, -(-(offset + numel) // part))):
+            per_rank[r].append(numel)
+        offset += numel
+    return per_rank
+
+
 def zero12_grad_elements(layout, world: int) -> list[int]:
     """ZeRO-1/2 keep, per rank, the gradient of every parameter that overlaps the rank's slice of the flat
     buffer, whole (stage_1_and_2.py `grads_in_partition` / `averaged_gradients`): a big embedding that
     straddles two slices is held whole by both ranks."""
-    part = zero12_partition(sum(n for _, n in layout), world)
-    held, offset = [0] * world, 0
-    for _, numel in layout:
-        for r in range(offset // part, min(world, -(-(offset + numel) // part))):
-            held[r] += numel
-        offset += numel
-    return held
+    return [sum(numels) for numels in zero12_params_per_rank(layout, world)]
 
 
 def zero3_partition(layout, world: int, persistence_threshold: float, sub_group_size: float) -> dict:
