@@ -406,8 +406,8 @@ def test_zenflow_overlap_host_model_against_both_h200_records():
 def test_zero2_offload_with_accumulation_keeps_each_parameters_gradient_on_the_host():
     """ZeRO-1/2 offload under gradient accumulation (stage_1_and_2.py async_accumulate_grad_in_cpu_via_gpu): one bf16
     buffer per parameter of the rank's partition, whole, pinned one by one (each rounded up under PyTorch's
-    allocator); none without accumulation, none at ZeRO-3. On 2 ranks a parameter that straddles the two slices is
-    held by both."""
+    allocator), checked on one H200 (acc4x2); none without accumulation, none at ZeRO-3. On 2 ranks a parameter that
+    straddles the two slices is held by both."""
     config = json.loads((ROOT / "ds_configs" / "bench" / "labs_zero2_offload.json").read_text())
     kwargs = dict(ds_config=config, seq_len=4096, micro_batch=4, loss="liger", kernels="liger")
     numels = [n for _, n in memory.layout.param_layout(models.shape("qwen2.5-3b"))]
@@ -420,6 +420,17 @@ def test_zero2_offload_with_accumulation_keeps_each_parameters_gradient_on_the_h
     per_rank = memory.layout.zero12_params_per_rank(memory.layout.param_layout(models.shape("qwen2.5-3b")), 2)
     assert sum(len(r) for r in per_rank) == len(numels) + 1                 # one parameter straddles the slices
     assert host(2, 2, "exact") - host(2, 1, "exact") == 2 * sum(sum(r) for r in per_rank)
+    # the record (results/gpu/pinned_host_1xh200/acc4x2, one H200): its shared memory is off20b's four pinned buffers
+    # plus these, and in all the rank held the prediction plus the process itself, as in off20b
+    from labs import RESULTS
+    from labs.course import host_samples
+    records = {name: host_samples.read(RESULTS / "gpu" / folder / name, free_txt=RESULTS / "gpu" / "zenflow_1xh200" /
+                                       "round10_free.txt")["at_tightest"]
+               for folder, name in (("pinned_host_1xh200", "acc4x2"), ("zenflow_1xh200", "off20b"))}
+    rank = {name: {kind: gib for (role, kind), gib in r.items() if role == "training rank"} for name, r in records.items()}
+    extra = rank["acc4x2"]["RssShmem"] - rank["off20b"]["RssShmem"]
+    assert extra == pytest.approx((host(1, 2, "torch") - host(1, 1, "torch")) / 2**30, abs=0.1)
+    assert 0.97 < host(1, 2, "torch") / 2**30 / sum(rank["acc4x2"].values()) < 1.0
     zero3 = json.loads((ROOT / "ds_configs" / "zero3_offload_optimizer.json").read_text())
     assert (memory.estimate("qwen2.5-3b", ds_config=zero3, gpus_per_node=1, grad_accum=2).host_per_node_bytes
             == memory.estimate("qwen2.5-3b", ds_config=zero3, gpus_per_node=1, grad_accum=1).host_per_node_bytes)
