@@ -158,14 +158,10 @@ def estimate(preset=None, *, params=None, dims=None, stage=None, gpus_per_node=1
         inputs.update(offload_optimizer=offload, offload_param=offload)
     else:
         pinned = host_pinning == "torch" and bool((zero.get("offload_optimizer") or {}).get("pin_memory"))
+        zenflow = ("overlap" if host.overlaps_its_step(zero) else "sync") if zero.get("zenflow") else None
         phases, resident, host_rank, nvme_rank = peak.deepspeed(**args,
                                                                 accumulation=resolved["gradient_accumulation_steps"],
-                                                                pinned_rounding=pinned)
-        if host.overlaps_its_step(zero) and stage in (1, 2) and offload_optimizer == "cpu":
-            staging = d * max(n for _, n in layout) if dims else 0
-            host_rank = host.zenflow_per_rank_bytes(zero_layout.zero12_partition(params, world), d, staging, pinned)
-        elif grad_accum > 1 and stage in (1, 2) and offload_optimizer == "cpu" and not zero.get("zenflow"):
-            host_rank += host.accumulation_per_rank_bytes(layout, world, d, pinned)
+                                                                pinned_rounding=pinned, zenflow=zenflow)
     for p in phases.values():
         p["total"] = sum(p.values())
         for key in p:
@@ -175,7 +171,7 @@ def estimate(preset=None, *, params=None, dims=None, stage=None, gpus_per_node=1
     notes = []
     if dims is None:
         notes.append("only a parameter count was given: activations, the loss and layer-sized buffers are 0")
-    if zero.get("zenflow") and host.overlaps_its_step(zero) and stage in (1, 2):
+    if host.overlaps_its_step(zero) and stage in (1, 2):
         notes.append("ZenFlow's overlapped step: the host figure counts the four fp32 buffers it shares with its "
                      "optimizer process and that process's moments (labs.memory.host); the 3B runs on one H200 held "
                      "8.4 GiB more, unexplained")

@@ -1,5 +1,6 @@
-"""Host memory that labs.memory.peak's offload accounting leaves out, as DeepSpeed 0.19.8 allocates it: ZenFlow's
-overlapped step, and ZeRO-1/2 offload's per-parameter buffers under gradient accumulation.
+"""What an offloaded optimizer holds on the host (and on NVMe), as DeepSpeed 0.19.8 allocates it: plain offload
+(offloaded_optimizer, which labs.memory.peak calls), ZenFlow's overlapped step, and ZeRO-1/2 offload's per-parameter
+buffers under gradient accumulation.
 
 ZenFlow's overlapped step (ZeRO-1/2 with the optimizer offloaded to the CPU and `zenflow.overlap_step: true`, with
 labs.zenflow_host installed, as labs train installs it for every ZenFlow run). Per rank, on its host:
@@ -27,7 +28,7 @@ as predicted).
 """
 from __future__ import annotations
 
-from labs.memory.layout import zero12_params_per_rank
+from labs.memory.layout import zero3_gpu_sub_groups, zero12_params_per_rank
 from labs.memory.units import torch_pinned_bytes
 
 
@@ -51,3 +52,55 @@ def accumulation_per_rank_bytes(layout, world: int, d: int, pinned_rounding: boo
     pinned = torch_pinned_bytes if pinned_rounding else int
     per_rank = [sum(pinned(d * n) for n in numels) for numels in zero12_params_per_rank(layout, world)]
     return sum(per_rank) / world
+
+
+# DeepSpeed 0.19's default offload_optimizer.buffer_count: pinned swap buffers of one sub-group's fp32 tensors
+NVME_OPTIMIZER_BUFFERS = 4
+
+
+def offloaded_optimizer(layout, dims, stage, d, partition, optimizer_rank, offload_optimizer, z3, knobs, world,
+                        gpu_share=0.0, pinned_rounding=False, accumulation=1, zenflow=None):
+    """Bytes per rank that an offloaded optimizer puts on the host and on NVMe, and the staging buffer it keeps on
+    the GPU: (host, nvme, staging_gpu). From DeepSpeed 0.19.8's allocations:
+    - CPU Adam steps the fp32 master partition and its states (optimizer_rank) with an fp32 gradient partition (4
+      bytes per partitioned parameter), all pinned host memory.
+    - A d-byte partition on the host too: ZeRO-1/2's `param_buffer_of_bit16_for_cpu_offload_groups` (the updated
+      bf16 weights on their way back; stage_1_and_2.py), ZeRO-3's `grad_partitions_flat_buffer` (stage3.py).
+    - ZeRO-1/2 stage each gradient through `temp_grad_buffer_for_cpu_offload` (host) and `..._for_gpu_offload`
+      (GPU), each the size of the largest parameter (unknown, so 0, with only a parameter count).
+    - NVMe at ZeRO-3 (ZeRO-Infinity) swaps the master, the states and the fp32 gradients to the drive; the host
+      keeps the bf16 gradient partition, one sub-group's fp32 gradient buffer and the swap buffers (each one
+      sub-group of fp32; with only a parameter count, a sub-group is sub_group_size elements).
+    - ZeRO-3 partial offload: the `gpu_share` of the partition in the GPU's sub-groups keeps its master, states and fp32
+      gradient on the GPU, not the host.
+    - `pinned_rounding` (`pin_memory: true` on a GPU): what DeepSpeed page-locks takes a power of two per buffer.
+      ZeRO-1/2: four buffers (fp32 master, fp32 gradient, d-byte partition, staging), the Adam states pageable
+      (results/gpu/zenflow_1xh200/off20b: 41.0 GiB shared = 16 + 16 + 8 + 1 for the 3B on one GPU). ZeRO-3
+      (stage3.py): the fp32 master and the states pageable; each host sub-group's fp32 gradient buffer pinned on its
+      own, and the d-byte gradient partition (`grad_partitions_flat_buffer`) pinned whole. No recorded host figure
+      checks the ZeRO-3 case yet.
+    - ZeRO-1/2 with `zenflow` "overlap": zenflow_per_rank_bytes instead; without ZenFlow and with `accumulation` > 1:
+      plus accumulation_per_rank_bytes (both above)."""
+    if not offload_optimizer:
+        return 0, 0, 0
+    staging = d * max(n for _, n in layout) if dims and stage in (1, 2) else 0
+    if offload_optimizer == "nvme" and stage == 3:
+        sub_group = z3["largest_sub_group"] if dims else min(partition, knobs["sub_group_size"])
+        host = d * partition + 4 * sub_group * (1 + NVME_OPTIMIZER_BUFFERS)
+        return host, optimizer_rank + 4 * partition, 0
+    if pinned_rounding and stage == 3 and offload_optimizer == "cpu":
+        on_host = z3["sub_groups"][len(zero3_gpu_sub_groups(z3, knobs)):]
+        pinned = sum(torch_pinned_bytes(4 * n) for n in on_host) + torch_pinned_bytes(d * partition)
+        return (1 - gpu_share) * optimizer_rank + pinned, 0, 0
+    if stage in (1, 2) and zenflow == "overlap":
+        return zenflow_per_rank_bytes(partition, d, staging, pinned_rounding), 0, staging
+    if pinned_rounding and stage in (1, 2):
+        states = optimizer_rank - 4 * partition
+        pinned = (torch_pinned_bytes(4 * partition) * 2 + torch_pinned_bytes(d * partition)
+                  + torch_pinned_bytes(staging))
+        host = states + pinned
+    else:
+        host = (1 - gpu_share) * (optimizer_rank + 4 * partition) + d * partition + staging
+    if stage in (1, 2) and accumulation > 1 and not zenflow:
+        host += accumulation_per_rank_bytes(layout, world, d, pinned_rounding)
+    return host, 0, staging

@@ -72,3 +72,10 @@ def zero3_partition(layout, world: int, persistence_threshold: float, sub_group_
     groups.append(current)
     return dict(partition=sum(parts), persistent=sum(n for _, n in layout if n <= persistence_threshold),
                 largest_sub_group=max(groups), sub_groups=groups)
+
+
+def zero3_gpu_sub_groups(z3: dict, knobs: dict) -> list[int]:
+    """The optimizer sub-groups (elements) that ZeRO-3 steps on the GPU under partial offload: DeepSpeed 0.19.8
+    (stage3.py, `subgroup_to_device`) keeps sub-group i on the GPU while i < int((1 - ratio) x sub-groups)."""
+    groups = z3["sub_groups"]
+    return groups[:int((1 - knobs["offload_ratio"]) * len(groups))]

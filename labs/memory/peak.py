@@ -25,15 +25,16 @@ worst rank; offloaded states count on the host instead.
 """
 from __future__ import annotations
 
+from labs.memory import host as host_bytes
 from labs.memory import layout as zero_layout
-from labs.memory.units import torch_pinned_bytes
 
 
 def deepspeed(params, layout, dims, stage, world, d, mixed, state_bytes, offload_optimizer, offload_param, knobs,
-              acts, accumulation=1, pinned_rounding=False):
+              acts, accumulation=1, pinned_rounding=False, zenflow=None):
     """Returns (phases, resident_per_rank, host_bytes_per_rank, nvme_bytes_per_rank). With gradient accumulation
     the gradients of the earlier micro-batches stay on the GPU through the later ones' forward and backward.
-    `pinned_rounding`: the host buffers DeepSpeed pins take a power of two each (PyTorch's pinned allocator, GPUs)."""
+    `pinned_rounding`: the host buffers DeepSpeed pins take a power of two each (PyTorch's pinned allocator, GPUs).
+    `zenflow`: None, "overlap" or "sync" (labs.memory.host.offloaded_optimizer counts the host side)."""
     # ---- what each rank holds for good once the first step has run
     master = 4 if (mixed or stage >= 1) else 0                 # fp32 ZeRO-1/2/3 still clone an fp32 partition
     bucket = reduce_bucket_bytes(knobs, d, stage=3)            # ZeRO-3's one contiguous gradient bucket
@@ -59,12 +60,12 @@ def deepspeed(params, layout, dims, stage, world, d, mixed, state_bytes, offload
     if offload_param:
         params_gpu = d * z3["persistent"]
     # ZeRO-3 partial offload (offload_optimizer.ratio < 1): the first sub-groups stay on the GPU, whole
-    on_gpu = _gpu_sub_groups(z3, knobs) if offload_optimizer and stage == 3 else []
+    on_gpu = zero_layout.zero3_gpu_sub_groups(z3, knobs) if offload_optimizer and stage == 3 else []
     gpu_share = sum(on_gpu) / partition if on_gpu else 0.0
     optimizer_gpu = gpu_share * optimizer_rank if offload_optimizer else optimizer_rank
-    host, nvme, staging_gpu = _offloaded_optimizer(layout, dims, stage, d, partition, optimizer_rank,
-                                                   offload_optimizer, z3 if stage == 3 else None, knobs, gpu_share,
-                                                   pinned_rounding)
+    host, nvme, staging_gpu = host_bytes.offloaded_optimizer(
+        layout, dims, stage, d, partition, optimizer_rank, offload_optimizer, z3 if stage == 3 else None, knobs,
+        world, gpu_share, pinned_rounding, accumulation, zenflow)
     if offload_param:
         if offload_param == "nvme":
             nvme += params_rank
@@ -168,13 +169,6 @@ def _activations_after(acts, done: int) -> int:
     return acts["saved"] - freed + acts["temporaries"] + (acts["layer"] if following_recomputes else 0)
 
 
-def _gpu_sub_groups(z3: dict, knobs: dict) -> list[int]:
-    """The optimizer sub-groups (elements) that ZeRO-3 steps on the GPU under partial offload: DeepSpeed 0.19.8
-    (stage3.py, `subgroup_to_device`) keeps sub-group i on the GPU while i < int((1 - ratio) x sub-groups)."""
-    groups = z3["sub_groups"]
-    return groups[:int((1 - knobs["offload_ratio"]) * len(groups))]
-
-
 def reduce_bucket_bytes(knobs: dict, dtype_bytes: int, stage: int = 2) -> int:
     """The contiguous gradient buckets during backward. ZeRO-1/2: one of reduce_bucket_size elements, a second
     with overlap_comm (one fills while the other reduces), none without contiguous_gradients (chapter 2 measures
@@ -184,50 +178,6 @@ def reduce_bucket_bytes(knobs: dict, dtype_bytes: int, stage: int = 2) -> int:
         return 0
     copies = 2 if knobs["overlap_comm"] and stage in (1, 2) else 1
     return int(copies * knobs["reduce_bucket_size"] * dtype_bytes)
-
-
-# DeepSpeed 0.19's default offload_optimizer.buffer_count: pinned swap buffers of one sub-group's fp32 tensors
-NVME_OPTIMIZER_BUFFERS = 4
-
-
-def _offloaded_optimizer(layout, dims, stage, d, partition, optimizer_rank, offload_optimizer, z3, knobs,
-                         gpu_share=0.0, pinned_rounding=False):
-    """Bytes per rank that an offloaded optimizer puts on the host and on NVMe, and the staging buffer it keeps on
-    the GPU: (host, nvme, staging_gpu). From DeepSpeed 0.19.8's allocations:
-    - CPU Adam steps the fp32 master partition and its states (optimizer_rank) with an fp32 gradient partition (4
-      bytes per partitioned parameter), all pinned host memory.
-    - A d-byte partition on the host too: ZeRO-1/2's `param_buffer_of_bit16_for_cpu_offload_groups` (the updated
-      bf16 weights on their way back; stage_1_and_2.py), ZeRO-3's `grad_partitions_flat_buffer` (stage3.py).
-    - ZeRO-1/2 stage each gradient through `temp_grad_buffer_for_cpu_offload` (host) and `..._for_gpu_offload`
-      (GPU), each the size of the largest parameter (unknown, so 0, with only a parameter count).
-    - NVMe at ZeRO-3 (ZeRO-Infinity) swaps the master, the states and the fp32 gradients to the drive; the host
-      keeps the bf16 gradient partition, one sub-group's fp32 gradient buffer and the swap buffers (each one
-      sub-group of fp32; with only a parameter count, a sub-group is sub_group_size elements).
-    - ZeRO-3 partial offload: the `gpu_share` of the partition in the GPU's sub-groups keeps its master, states and fp32
-      gradient on the GPU, not the host.
-    - `pinned_rounding` (`pin_memory: true` on a GPU): what DeepSpeed page-locks takes a power of two per buffer.
-      ZeRO-1/2: four buffers (fp32 master, fp32 gradient, d-byte partition, staging), the Adam states pageable
-      (results/gpu/zenflow_1xh200/off20b: 41.0 GiB shared = 16 + 16 + 8 + 1 for the 3B on one GPU). ZeRO-3
-      (stage3.py): the fp32 master and the states pageable; each host sub-group's fp32 gradient buffer pinned on its
-      own, and the d-byte gradient partition (`grad_partitions_flat_buffer`) pinned whole. No recorded host figure
-      checks the ZeRO-3 case yet."""
-    if not offload_optimizer:
-        return 0, 0, 0
-    staging = d * max(n for _, n in layout) if dims and stage in (1, 2) else 0
-    if offload_optimizer == "nvme" and stage == 3:
-        sub_group = z3["largest_sub_group"] if dims else min(partition, knobs["sub_group_size"])
-        host = d * partition + 4 * sub_group * (1 + NVME_OPTIMIZER_BUFFERS)
-        return host, optimizer_rank + 4 * partition, 0
-    if pinned_rounding and stage == 3 and offload_optimizer == "cpu":
-        on_host = z3["sub_groups"][len(_gpu_sub_groups(z3, knobs)):]
-        pinned = sum(torch_pinned_bytes(4 * n) for n in on_host) + torch_pinned_bytes(d * partition)
-        return (1 - gpu_share) * optimizer_rank + pinned, 0, 0
-    if pinned_rounding and stage in (1, 2):
-        states = optimizer_rank - 4 * partition
-        pinned = (torch_pinned_bytes(4 * partition) * 2 + torch_pinned_bytes(d * partition)
-                  + torch_pinned_bytes(staging))
-        return states + pinned, 0, staging
-    return (1 - gpu_share) * (optimizer_rank + 4 * partition) + d * partition + staging, 0, staging
 
 
 def fsdp2(params, layout, dims, stage, world, d, mixed, state_bytes, offload_optimizer, offload_param, knobs, acts,
