@@ -161,7 +161,8 @@ def estimate(preset=None, *, params=None, dims=None, stage=None, gpus_per_node=1
         zenflow = ("overlap" if host.overlaps_its_step(zero) else "sync") if zero.get("zenflow") else None
         phases, resident, host_rank, nvme_rank = peak.deepspeed(**args,
                                                                 accumulation=resolved["gradient_accumulation_steps"],
-                                                                pinned_rounding=pinned, zenflow=zenflow)
+                                                                pinned_rounding=pinned, zenflow=zenflow,
+                                                                zenflow_accumulates=host.zenflow_accumulates(zero))
     for p in phases.values():
         p["total"] = sum(p.values())
         for key in p:
@@ -173,11 +174,13 @@ def estimate(preset=None, *, params=None, dims=None, stage=None, gpus_per_node=1
         notes.append("only a parameter count was given: activations, the loss and layer-sized buffers are 0")
     if host.overlaps_its_step(zero) and stage in (1, 2):
         notes.append("ZenFlow's overlapped step: the host figure counts the four fp32 buffers it shares with its "
-                     "optimizer process and that process's moments (labs.memory.host); the 3B runs on one H200 held "
-                     "8.4 GiB more, unexplained")
+                     "optimizer process, that process's moments and the gradients kept between updates "
+                     "(labs.memory.host)")
+    elif zero.get("zenflow") and stage in (1, 2):
+        notes.append("ZenFlow without its overlap: the host figure is plain offload's and the gradients kept "
+                     "between updates")
     elif zero.get("zenflow"):
-        notes.append("ZenFlow: the host figure is plain offload's (without its overlap, or at ZeRO-3, ZenFlow's host "
-                     "memory is not modelled)")
+        notes.append("ZenFlow at ZeRO-3: the host figure is plain offload's (ZenFlow's own buffers are not modelled)")
     if "liger" in (loss, kernels):
         notes.append("Liger's Triton kernels need a GPU")
     if engine == "fsdp2":

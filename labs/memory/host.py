@@ -15,9 +15,14 @@ labs.zenflow_host installed, as labs train installs it for every ZenFlow run). P
   the updated weights, and the staging buffer of the largest parameter, each rounded up to a power of two under
   PyTorch's pinned allocator.
 
+- the per-parameter gradient buffers of gradient accumulation (below): ZenFlow makes DeepSpeed's accumulation
+  boundary its update boundary (`is_zenflow_update_boundary`), so between two full updates every gradient is
+  accumulated on the host as under gradient accumulation, whatever `gradient_accumulation_steps` says. This holds
+  with or without the overlap, whenever `update_interval` is not 1.
+
 Checked against both recorded runs (results/gpu/zenflow_1xh200/zf_overlap20 and zf_fast20, the 3B on one H200): the
-model is below what the processes held, by the training rank's shared memory that nothing above accounts for
-(8.4 GiB in both) and the processes' own memory.
+training rank's shared memory is what the four shared buffers, the pinned slice, the staging buffer and the
+accumulation buffers add up to (to 0.2 GiB); the processes' own memory comes on top.
 
 ZeRO-1/2 offload with gradient accumulation (stage_1_and_2.py `async_accumulate_grad_in_cpu_via_gpu`, used while
 `data_types.grad_accum_dtype` is the model's dtype, DeepSpeed's default): between micro-batches each gradient waits on
@@ -35,6 +40,13 @@ from labs.memory.units import torch_pinned_bytes
 def overlaps_its_step(zero: dict) -> bool:
     """Whether a zero_optimization block runs ZenFlow with its CPU step in a second process."""
     return bool((zero.get("zenflow") or {}).get("overlap_step"))
+
+
+def zenflow_accumulates(zero: dict) -> bool:
+    """Whether a ZenFlow block keeps gradients on the host between updates: every `update_interval` but 1 ("auto"
+    included, which starts above 1)."""
+    zenflow = zero.get("zenflow")
+    return bool(zenflow) and zenflow.get("update_interval", "auto") != 1
 
 
 def zenflow_per_rank_bytes(partition: int, d: int, staging: int, pinned_rounding: bool) -> int:
@@ -59,7 +71,7 @@ NVME_OPTIMIZER_BUFFERS = 4
 
 
 def offloaded_optimizer(layout, dims, stage, d, partition, optimizer_rank, offload_optimizer, z3, knobs, world,
-                        gpu_share=0.0, pinned_rounding=False, accumulation=1, zenflow=None):
+                        gpu_share=0.0, pinned_rounding=False, accumulation=1, zenflow=None, zenflow_accumulates=False):
     """Bytes per rank that an offloaded optimizer puts on the host and on NVMe, and the staging buffer it keeps on
     the GPU: (host, nvme, staging_gpu). From DeepSpeed 0.19.8's allocations:
     - CPU Adam steps the fp32 master partition and its states (optimizer_rank) with an fp32 gradient partition (4
@@ -79,8 +91,8 @@ def offloaded_optimizer(layout, dims, stage, d, partition, optimizer_rank, offlo
       (stage3.py): the fp32 master and the states pageable; each host sub-group's fp32 gradient buffer pinned on its
       own, and the d-byte gradient partition (`grad_partitions_flat_buffer`) pinned whole. No recorded host figure
       checks the ZeRO-3 case yet.
-    - ZeRO-1/2 with `zenflow` "overlap": zenflow_per_rank_bytes instead; without ZenFlow and with `accumulation` > 1:
-      plus accumulation_per_rank_bytes (both above)."""
+    - ZeRO-1/2 with `zenflow` "overlap": zenflow_per_rank_bytes instead; with `accumulation` > 1 or
+      `zenflow_accumulates`: plus accumulation_per_rank_bytes (both above)."""
     if not offload_optimizer:
         return 0, 0, 0
     staging = d * max(n for _, n in layout) if dims and stage in (1, 2) else 0
@@ -92,8 +104,10 @@ def offloaded_optimizer(layout, dims, stage, d, partition, optimizer_rank, offlo
         on_host = z3["sub_groups"][len(zero3_gpu_sub_groups(z3, knobs)):]
         pinned = sum(torch_pinned_bytes(4 * n) for n in on_host) + torch_pinned_bytes(d * partition)
         return (1 - gpu_share) * optimizer_rank + pinned, 0, 0
+    accumulating = stage in (1, 2) and (accumulation > 1 or zenflow_accumulates)
+    held_between_steps = accumulation_per_rank_bytes(layout, world, d, pinned_rounding) if accumulating else 0
     if stage in (1, 2) and zenflow == "overlap":
-        return zenflow_per_rank_bytes(partition, d, staging, pinned_rounding), 0, staging
+        return zenflow_per_rank_bytes(partition, d, staging, pinned_rounding) + held_between_steps, 0, staging
     if pinned_rounding and stage in (1, 2):
         states = optimizer_rank - 4 * partition
         pinned = (torch_pinned_bytes(4 * partition) * 2 + torch_pinned_bytes(d * partition)
@@ -101,6 +115,4 @@ def offloaded_optimizer(layout, dims, stage, d, partition, optimizer_rank, offlo
         host = states + pinned
     else:
         host = (1 - gpu_share) * (optimizer_rank + 4 * partition) + d * partition + staging
-    if stage in (1, 2) and accumulation > 1 and not zenflow:
-        host += accumulation_per_rank_bytes(layout, world, d, pinned_rounding)
-    return host, 0, staging
+    return host + held_between_steps, 0, staging
