@@ -72,8 +72,8 @@ book: $(STAMP)
 browser: book   # the built book and JupyterLab in headless Chromium (/usr/bin/chromium); skips, saying why, without one
 	$(PY) -m pytest tests/browser -q --instafail
 
-execute: $(STAMP)   # re-run chapters in place (NOTEBOOKS="notebooks/01_memory_math.ipynb ..." for some)
-	$(PY) tools/execute_notebooks.py $(NOTEBOOKS)
+execute: $(STAMP)   # re-run chapters in place (NOTEBOOKS="notebooks/01_memory_math.ipynb ..." for some; CELLS=id,id keeps only those cells' new outputs)
+	$(PY) tools/execute_notebooks.py $(NOTEBOOKS) $(if $(CELLS),--cells $(CELLS))
 
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab --ServerApp.ip=127.0.0.1 --notebook-dir=. $(if $(filter 0,$(shell id -u)),--allow-root)

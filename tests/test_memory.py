@@ -480,3 +480,23 @@ def test_no_recorded_offload_run_would_have_been_refused_for_host_memory():
             assert est.host_per_node_bytes <= record["host"]["host_memory_gib"] * 2**30, (name, s["preset"])
             checked += 1
     assert checked >= 19, checked               # every ok offload case of results/gpu but run m's ZenFlow
+
+
+def test_zero3_offload_pins_its_gradient_buffers_and_leaves_the_master_pageable():
+    """ZeRO-3 optimizer offload on one H200 (results/gpu/pinned_host_1xh200/z3_offload, the 3B, PyTorch's pinning): the
+    training rank's shared memory is what labs.memory pins (each host sub-group's fp32 gradient buffer and the bf16
+    gradient partition, each rounded up), and its private memory holds the pageable fp32 master and Adam's moments,
+    12 bytes per parameter, plus the process itself (2.5 GiB here)."""
+    from labs import RESULTS
+    from labs.course import host_samples
+
+    folder = RESULTS / "gpu" / "pinned_host_1xh200" / "z3_offload"
+    est = memory.from_run(folder)
+    assert json.loads((folder / "ds_config.json").read_text())["zero_optimization"]["stage"] == 3
+    held = host_samples.read(folder, free_txt=folder / "free.txt")["at_tightest"]
+    pageable_gib = 12 * est.params / 2**30
+    pinned_gib = est.host_per_node_bytes / 2**30 - pageable_gib
+    assert held[("training rank", "RssShmem")] == pytest.approx(pinned_gib, abs=0.1)
+    assert 0 < held[("training rank", "RssAnon")] - pageable_gib < 3
+    exact = memory.from_run(folder, host_pinning="exact").host_per_node_bytes / 2**30
+    assert pinned_gib > exact - pageable_gib + 2          # the rounding is what the record shows, not the exact sizes
