@@ -6,15 +6,19 @@ speed per run, what the host's OOM killer reported before labs.zenflow_host, and
     zenflow_report.zenflow_runs(zenflow_report.ROUND10)  # round 10: one host, the overlap fixed, its three yardsticks
     zenflow_report.host_memory("zf_overlap20")         # least available host memory, each process then
     zenflow_report.step_timers("zf_fast20")            # round 12: DeepSpeed's timers per step, from the job's log
+    zenflow_report.finetune_runs()                     # round 14: fine-tuning weights labs trained, at intervals 2, 4, 8
 """
 from __future__ import annotations
 
 import json
 import re
 
-from labs import RESULTS
+import copy
+
+from labs import RESULTS, memory
 from labs.course import host_samples
 from labs.metrics import read_jsonl
+from labs.runfolder import Run
 
 FOLDER = RESULTS / "gpu" / "zenflow_1xh200"
 ROUND4 = ("off20", "zf_sync20", "zf_fix20")
@@ -31,6 +35,12 @@ ROUND12_UI8 = "zf_fast_ui8"
 # The target's loss tolerance: the loss at the same step within this many nats per token of labs without offload,
 # which runs the same update rule as stock's offload (their losses agree to 5e-4) with none of ZenFlow's shortcuts.
 LOSS_TOLERANCE = 0.05
+# Round 14 (2026-12-03, eighth session, one host, tools/gpu_round14*.jobs): ZenFlow fine-tuning. `pre` trained the 3B
+# shape for 120 steps on CPython's standard library (zero2.json's warm-up and cosine, peak lr 1e-4) and was exported to
+# a Hugging Face folder; from it, on transformers' sources with round 12's settings (constant lr 1e-5, 32,768 tokens per
+# step): labs without offload (24 steps) and ZenFlow overlapped at update_interval 2 and 4 (20 steps) and 8 (24 steps).
+FINETUNE = RESULTS / "gpu" / "zenflow_finetune_1xh200"
+ROUND14 = {"ft_ref": 4, "ft_zf_ui2": 2, "ft_zf": 4, "ft_zf_ui8": 8}      # run -> the cycle its speed is averaged over
 
 
 def zenflow_runs(names=ROUND4, folder=FOLDER, cycle=4) -> dict[str, dict]:
@@ -52,6 +62,24 @@ def zenflow_runs(names=ROUND4, folder=FOLDER, cycle=4) -> dict[str, dict]:
                           grad_accum=summary["gradient_accumulation"],
                           peak_gpu_gib=max(summary["peak_memory_bytes"]) / 2**30)      # one entry per rank
     return runs
+
+
+def finetune_runs(folder=FINETUNE) -> dict[str, dict]:
+    """zenflow_runs for round 14's fine-tuning runs and the run that trained their weights (`pre`), each over whole
+    cycles of its own update_interval (no offload and `pre` over steps 5 on, as interval 4)."""
+    runs = {}
+    for name, cycle in dict(ROUND14, pre=4).items():
+        runs.update(zenflow_runs((name,), folder, cycle))
+    return runs
+
+
+def kept_between_updates_bytes(name: str, folder=FOLDER) -> int:
+    """labs.memory's host bytes for the gradients a ZenFlow run keeps on the host between updates: its estimate less
+    the same run's at update_interval 1, which keeps none."""
+    run = Run(folder / name)
+    every_step = copy.deepcopy(run.ds_config)
+    every_step["zero_optimization"]["zenflow"]["update_interval"] = 1
+    return memory.from_run(run).host_per_node_bytes - memory.from_run(run, ds_config=every_step).host_per_node_bytes
 
 
 def zenflow_oom(folder=FOLDER / "zf_mem") -> dict:
@@ -119,3 +147,23 @@ def round12_target() -> dict:
                          f"{gaps['zf_fast20']:.2f} at step 20 (interval 4), {gaps[ROUND12_UI8]:.2f} at step 24 "
                          f"(interval 8), {gaps['zf_fast60']:.2f} at step 60 (interval 4; from random weights)",
                 met=fast and max(gaps.values()) <= LOSS_TOLERANCE, speed=speed, gaps=gaps)
+
+
+def round14_target(folder=FINETUNE) -> dict:
+    """round12_target's target measured where ZenFlow is meant to run, fine-tuning weights that have learned: hidden =
+    ZenFlow / labs without offload on the same host (steps after the first cycle), and the loss at each ZenFlow
+    run's last step against no offload's at that step. Stock's offload did not run on this host (round 12 measured
+    it on another), so the ratio over stock is not judged here."""
+    runs = finetune_runs(folder)
+    none = runs["ft_ref"]
+    zenflow = [name for name in ROUND14 if name != "ft_ref"]
+    hidden = {name: runs[name]["tokens_per_s_per_gpu"] / none["tokens_per_s_per_gpu"] for name in zenflow}
+    gaps = {name: runs[name]["losses"][-1] - none["losses"][len(runs[name]["losses"]) - 1] for name in zenflow}
+    intervals = {name: json.loads((folder / name / "ds_config.json").read_text())["zero_optimization"]["zenflow"][
+        "update_interval"] for name in zenflow}
+    return dict(target=f"ZenFlow fine-tuning (round 14, same host): its CPU step >= 90% hidden, loss within "
+                       f"{LOSS_TOLERANCE} of no offload at the same step",
+                measured="; ".join(f"update_interval {intervals[n]}: {hidden[n]:.1%} hidden, loss {gaps[n]:+.2f} at "
+                                   f"step {len(runs[n]['losses'])}" for n in zenflow),
+                met=any(hidden[n] >= 0.9 and gaps[n] <= LOSS_TOLERANCE for n in zenflow),
+                hidden=hidden, gaps=gaps, intervals=intervals)
