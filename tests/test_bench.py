@@ -195,6 +195,12 @@ def test_readme_quotes_the_recorded_round_2_numbers():
                  f"{w_rows[pick]['tokens_per_s_per_gpu'] / w_rows[cut]['tokens_per_s_per_gpu']:.3f}x",
                  f"pick ran {w_rows[pick]['tokens_per_s_per_gpu'] / w_rows[stock]['tokens_per_s_per_gpu']:.2f}x in one"]
     assert len(s_run["experiments"]) == 4 and s_run["pick"] == "z2_gas2_tmbspg4"
+    from labs.course import zenflow_report as zr
+    t14 = zr.round14_target()
+    expected += [f"at update interval 4 it runs at {t14['hidden']['ft_zf']:.1%} of no",
+                 f"ends {t14['gaps']['ft_zf']:.2f} nats above", f"interval 2 runs at {t14['hidden']['ft_zf_ui2']:.1%} and ends "
+                 f"{t14['gaps']['ft_zf_ui2']:.2f}", f"interval 8 runs at {t14['hidden']['ft_zf_ui8']:.1%} and ends "
+                 f"{t14['gaps']['ft_zf_ui8']:.2f} above"]
     from labs.course import one_gpu_report as one
     for row in one.best_vs_best():
         expected += [f"{row['stock_tokens_per_s']:,.0f}", f"{row['labs_tokens_per_s']:,.0f}", f"{row['ratio']:.2f}x",
