@@ -80,3 +80,28 @@ def test_jsonl_errors_name_the_line(tmp_path, content, message):
 def test_missing_data_file(tmp_path):
     with pytest.raises(LabsError, match="does not exist"):
         data.read_documents(tmp_path / "nope.jsonl")
+
+
+def test_source_jsonl_writes_a_corpus_labs_reads_and_names_a_missing_package(tmp_path, capsys):
+    """tools/source_jsonl.py (round 14's corpora): an installed package's .py files as JSONL, in path order, without
+    test suites, read back by labs.data as documents; an unknown name stops with its name in the message."""
+    import importlib.util
+
+    from conftest import ROOT
+    from labs import data
+
+    spec = importlib.util.spec_from_file_location("source_jsonl", ROOT / "tools" / "source_jsonl.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    out = tmp_path / "json.jsonl"
+    tool.main(str(out), "json")
+    documents = data.read_documents(out)
+    files = list(tool.source_files(tool.source_root("json")))
+    assert len(documents) == len(files) >= 3 and "def dumps" in "".join(documents)
+    tree = tmp_path / "pkg"
+    for name in ("b.py", "a/c.py", "tests/t.py", "a/test/u.py", "notes.txt"):
+        (tree / name).parent.mkdir(parents=True, exist_ok=True)
+        (tree / name).write_text("x = 1\n")
+    assert [p.relative_to(tree).as_posix() for p in tool.source_files(tree)] == ["a/c.py", "b.py"]
+    with pytest.raises(SystemExit, match="no-such-package"):
+        tool.main(str(tmp_path / "x.jsonl"), "no-such-package")

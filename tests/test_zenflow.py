@@ -180,3 +180,28 @@ def test_round_12s_records_hold_what_chapter_9_reads_off_them():
     assert min(t["optimizer_transmit_time"] for t in before) > 5 * max(t["optimizer_transmit_time"] for t in after)
     target = z.round12_target()
     assert not target["met"] and min(target["gaps"].values()) > 1, target["measured"]
+
+
+def test_round_14s_records_are_like_for_like_and_hold_what_chapter_9_reads_off_them():
+    """Round 14 (results/gpu/zenflow_finetune_1xh200, one host): every fine-tuning run started from the weights `pre`
+    trained and `labs export` wrote, on the same data, seed, lr and tokens per step, so step k of each saw the same
+    batch and they start at the same loss; they differ only in ZenFlow and its update_interval. The verdict is computed
+    from them: ZenFlow's speed rises with its interval, and at every interval it ends far above no offload's loss."""
+    from labs.course import zenflow_report as z
+    from labs.runfolder import Run
+
+    runs = z.finetune_runs()
+    fine_tunes = [name for name in z.ROUND14]
+    specs = {name: Run(z.FINETUNE / name).spec for name in fine_tunes}
+    assert {s["model_path"] for s in specs.values()} == {"/tmp/pre_hf"}
+    assert {(s["data"], s["seed"], s["seq_len"]) for s in specs.values()} == {("/tmp/transformers.jsonl", 0, 4096)}
+    assert all(runs[name]["tokens_per_step"] == 8 * 4096 for name in fine_tunes)
+    assert len({round(runs[name]["losses"][0], 3) for name in fine_tunes}) == 1
+    lrs = {json.loads((z.FINETUNE / n / "ds_config.json").read_text())["optimizer"]["params"]["lr"] for n in fine_tunes}
+    assert lrs == {1e-5}
+    export = json.loads((z.FINETUNE / "pre_hf" / "labs_export.json").read_text())
+    assert export["step"] == len(runs["pre"]["losses"]) == 120
+    target = z.round14_target()
+    assert target["intervals"] == {"ft_zf_ui2": 2, "ft_zf": 4, "ft_zf_ui8": 8}
+    hidden = [target["hidden"][n] for n in ("ft_zf_ui2", "ft_zf", "ft_zf_ui8")]
+    assert hidden == sorted(hidden) and not target["met"] and min(target["gaps"].values()) > 0.5, target["measured"]
