@@ -73,6 +73,20 @@ def finetune_runs(folder=FINETUNE) -> dict[str, dict]:
     return runs
 
 
+def landed_updates(name: str, folder=FINETUNE) -> list[int]:
+    """The steps at whose end a full CPU update was copied into the GPU's weights (optimizer_transmit_time), so that
+    the next step's loss is the first to feel it. DeepSpeed's first update boundary only starts the optimizer process,
+    so each update lands one interval after the boundary that submitted it."""
+    return [k for k, t in enumerate(step_timers(name, folder), start=1) if "optimizer_transmit_time" in t]
+
+
+WINDOW = range(13, 21)          # round 14's common window: steps 13-20, run by every fine-tuning run on the same batches
+
+
+def window_mean(losses: list[float]) -> float:
+    return sum(losses[k - 1] for k in WINDOW) / len(WINDOW)
+
+
 def kept_between_updates_bytes(name: str, folder=FOLDER) -> int:
     """labs.memory's host bytes for the gradients a ZenFlow run keeps on the host between updates: its estimate less
     the same run's at update_interval 1, which keeps none."""
@@ -106,9 +120,12 @@ def step_timers(name: str, folder=FOLDER) -> list[dict[str, float]]:
     """DeepSpeed's wall-clock timers (ms) of each optimizer step, read from the job's log (`wall_clock_breakdown`, one
     micro-batch per step): the *_microstep timers and, on the steps that end an update round, the optimizer_* ones
     (optimizer_receive_params_time: the wait for the optimizer process; optimizer_transmit_time: the copy of its
-    result into the GPU's weights), which DeepSpeed prints before that step's microstep line."""
+    result into the GPU's weights), which DeepSpeed prints before that step's microstep line. Runs launched with
+    --quiet (round 14) keep the ranks' output in the run folder's launch.log instead."""
+    log = folder / name / "job.log"
+    log = log if log.exists() else folder / name / "launch.log"
     steps, current = [], {}
-    for line in (folder / name / "job.log").read_text().splitlines():
+    for line in log.read_text().splitlines():
         if "time (ms) |" not in line:
             continue
         for key, value in re.findall(r"(\w+): ([\d.]+)", line.split("time (ms) |", 1)[1]):
@@ -150,20 +167,23 @@ def round12_target() -> dict:
 
 
 def round14_target(folder=FINETUNE) -> dict:
-    """round12_target's target measured where ZenFlow is meant to run, fine-tuning weights that have learned: hidden =
-    ZenFlow / labs without offload on the same host (steps after the first cycle), and the loss at each ZenFlow
-    run's last step against no offload's at that step. Stock's offload did not run on this host (round 12 measured
-    it on another), so the ratio over stock is not judged here."""
+    """round12_target's target measured where ZenFlow is meant to run, fine-tuning weights that have learned: tokens/s
+    relative to labs without offload on the same host (at its best fit, 4 x 2; ZenFlow runs 8 x 1; steps after the
+    first cycle), and the loss as its mean over steps 13-20 (WINDOW: the same batches in every run; one step's loss
+    swings by tenths of a nat from batch to batch) against no offload's over the same steps. Stock's offload did not
+    run on this host (round 12 measured it on another), so the ratio over stock is not judged here."""
     runs = finetune_runs(folder)
     none = runs["ft_ref"]
     zenflow = [name for name in ROUND14 if name != "ft_ref"]
     hidden = {name: runs[name]["tokens_per_s_per_gpu"] / none["tokens_per_s_per_gpu"] for name in zenflow}
-    gaps = {name: runs[name]["losses"][-1] - none["losses"][len(runs[name]["losses"]) - 1] for name in zenflow}
+    gaps = {name: window_mean(runs[name]["losses"]) - window_mean(none["losses"]) for name in zenflow}
+    landed = {name: [k for k in landed_updates(name, folder) if k < WINDOW[-1]] for name in zenflow}
     intervals = {name: json.loads((folder / name / "ds_config.json").read_text())["zero_optimization"]["zenflow"][
         "update_interval"] for name in zenflow}
-    return dict(target=f"ZenFlow fine-tuning (round 14, same host): its CPU step >= 90% hidden, loss within "
-                       f"{LOSS_TOLERANCE} of no offload at the same step",
-                measured="; ".join(f"update_interval {intervals[n]}: {hidden[n]:.1%} hidden, loss {gaps[n]:+.2f} at "
-                                   f"step {len(runs[n]['losses'])}" for n in zenflow),
+    return dict(target=f"ZenFlow fine-tuning (round 14, same host): tokens/s >= 90% of no offload's, loss (mean of "
+                       f"steps {WINDOW[0]}-{WINDOW[-1]}) within {LOSS_TOLERANCE} of no offload's",
+                measured="; ".join(f"update_interval {intervals[n]}: {hidden[n]:.1%} of no offload's tokens/s, loss "
+                                   f"{gaps[n]:+.2f}, {len(landed[n])} full updates felt by step {WINDOW[-1]}"
+                                   for n in zenflow),
                 met=any(hidden[n] >= 0.9 and gaps[n] <= LOSS_TOLERANCE for n in zenflow),
-                hidden=hidden, gaps=gaps, intervals=intervals)
+                hidden=hidden, gaps=gaps, landed=landed, intervals=intervals)
