@@ -10,10 +10,9 @@ speed per run, what the host's OOM killer reported before labs.zenflow_host, and
 """
 from __future__ import annotations
 
+import copy
 import json
 import re
-
-import copy
 
 from labs import RESULTS, memory
 from labs.course import host_samples

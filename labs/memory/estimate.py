@@ -177,7 +177,7 @@ def estimate(preset=None, *, params=None, dims=None, stage=None, gpus_per_node=1
                      "optimizer process, that process's moments and the gradients kept between updates "
                      "(labs.memory.host)")
     elif zero.get("zenflow") and stage in (1, 2):
-        notes.append("ZenFlow without its overlap: the host figure is plain offload's and the gradients kept "
+        notes.append("ZenFlow without its overlap: the host figure is plain offload's plus the gradients kept "
                      "between updates")
     elif zero.get("zenflow"):
         notes.append("ZenFlow at ZeRO-3: the host figure is plain offload's (ZenFlow's own buffers are not modelled)")

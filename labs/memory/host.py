@@ -22,7 +22,8 @@ labs.zenflow_host installed, as labs train installs it for every ZenFlow run). P
 
 Checked against both recorded runs (results/gpu/zenflow_1xh200/zf_overlap20 and zf_fast20, the 3B on one H200): the
 training rank's shared memory is what the four shared buffers, the pinned slice, the staging buffer and the
-accumulation buffers add up to (to 0.2 GiB); the processes' own memory comes on top.
+accumulation buffers add up to (63.39 GiB held in both, 63.37 predicted; round 14's ft_zf the same); the processes'
+own memory comes on top.
 
 ZeRO-1/2 offload with gradient accumulation (stage_1_and_2.py `async_accumulate_grad_in_cpu_via_gpu`, used while
 `data_types.grad_accum_dtype` is the model's dtype, DeepSpeed's default): between micro-batches each gradient waits on
