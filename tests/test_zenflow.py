@@ -216,7 +216,7 @@ def test_round_14s_records_are_like_for_like_and_hold_what_chapter_9_reads_off_t
     from labs.runfolder import Run
 
     runs = z.finetune_runs()
-    fine_tunes = [name for name in z.ROUND14]
+    fine_tunes = list(z.ROUND14)
     specs = {name: Run(z.FINETUNE / name).spec for name in fine_tunes}
     assert {s["model_path"] for s in specs.values()} == {"/tmp/pre_hf"}
     assert {(s["data"], s["seed"], s["seq_len"]) for s in specs.values()} == {("/tmp/transformers.jsonl", 0, 4096)}

@@ -39,7 +39,7 @@ LOSS_TOLERANCE = 0.05
 # a Hugging Face folder; from it, on transformers' sources with round 12's settings (constant lr 1e-5, 32,768 tokens per
 # step): labs without offload (24 steps) and ZenFlow overlapped at update_interval 2 and 4 (20 steps) and 8 (24 steps).
 FINETUNE = RESULTS / "gpu" / "zenflow_finetune_1xh200"
-ROUND14 = {"ft_ref": 4, "ft_zf_ui2": 2, "ft_zf": 4, "ft_zf_ui8": 8}      # run -> the cycle its speed is averaged over
+ROUND14 = ("ft_ref", "ft_zf_ui2", "ft_zf", "ft_zf_ui8")
 
 
 def zenflow_runs(names=ROUND4, folder=FOLDER, cycle=4) -> dict[str, dict]:
@@ -63,12 +63,18 @@ def zenflow_runs(names=ROUND4, folder=FOLDER, cycle=4) -> dict[str, dict]:
     return runs
 
 
+def update_interval(name: str, folder=FINETUNE) -> int | None:
+    """A run's ZenFlow update_interval, from its resolved config (None: no ZenFlow)."""
+    zenflow = json.loads((folder / name / "ds_config.json").read_text())["zero_optimization"].get("zenflow")
+    return zenflow["update_interval"] if zenflow else None
+
+
 def finetune_runs(folder=FINETUNE) -> dict[str, dict]:
     """zenflow_runs for round 14's fine-tuning runs and the run that trained their weights (`pre`), each over whole
     cycles of its own update_interval (no offload and `pre` over steps 5 on, as interval 4)."""
     runs = {}
-    for name, cycle in dict(ROUND14, pre=4).items():
-        runs.update(zenflow_runs((name,), folder, cycle))
+    for name in ROUND14 + ("pre",):
+        runs.update(zenflow_runs((name,), folder, update_interval(name, folder) or 4))
     return runs
 
 
@@ -177,8 +183,7 @@ def round14_target(folder=FINETUNE) -> dict:
     hidden = {name: runs[name]["tokens_per_s_per_gpu"] / none["tokens_per_s_per_gpu"] for name in zenflow}
     gaps = {name: window_mean(runs[name]["losses"]) - window_mean(none["losses"]) for name in zenflow}
     landed = {name: [k for k in landed_updates(name, folder) if k < WINDOW[-1]] for name in zenflow}
-    intervals = {name: json.loads((folder / name / "ds_config.json").read_text())["zero_optimization"]["zenflow"][
-        "update_interval"] for name in zenflow}
+    intervals = {name: update_interval(name, folder) for name in zenflow}
     return dict(target=f"ZenFlow fine-tuning (round 14, same host): tokens/s >= 90% of no offload's, loss (mean of "
                        f"steps {WINDOW[0]}-{WINDOW[-1]}) within {LOSS_TOLERANCE} of no offload's",
                 measured="; ".join(f"update_interval {intervals[n]}: {hidden[n]:.1%} of no offload's tokens/s, loss "

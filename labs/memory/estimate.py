@@ -158,11 +158,9 @@ def estimate(preset=None, *, params=None, dims=None, stage=None, gpus_per_node=1
         inputs.update(offload_optimizer=offload, offload_param=offload)
     else:
         pinned = host_pinning == "torch" and bool((zero.get("offload_optimizer") or {}).get("pin_memory"))
-        zenflow = ("overlap" if host.overlaps_its_step(zero) else "sync") if zero.get("zenflow") else None
         phases, resident, host_rank, nvme_rank = peak.deepspeed(**args,
                                                                 accumulation=resolved["gradient_accumulation_steps"],
-                                                                pinned_rounding=pinned, zenflow=zenflow,
-                                                                zenflow_accumulates=host.zenflow_accumulates(zero))
+                                                                pinned_rounding=pinned, zenflow=zero.get("zenflow"))
     for p in phases.values():
         p["total"] = sum(p.values())
         for key in p:
@@ -172,7 +170,7 @@ def estimate(preset=None, *, params=None, dims=None, stage=None, gpus_per_node=1
     notes = []
     if dims is None:
         notes.append("only a parameter count was given: activations, the loss and layer-sized buffers are 0")
-    if host.overlaps_its_step(zero) and stage in (1, 2):
+    if host.overlaps_its_step(zero.get("zenflow")) and stage in (1, 2):
         notes.append("ZenFlow's overlapped step: the host figure counts the four fp32 buffers it shares with its "
                      "optimizer process, that process's moments and the gradients kept between updates "
                      "(labs.memory.host)")

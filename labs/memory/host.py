@@ -14,7 +14,6 @@ labs.zenflow_host installed, as labs train installs it for every ZenFlow run). P
 - pinned by the training process as plain offload pins them (labs.memory.peak): the d-byte slice DeepSpeed keeps for
   the updated weights, and the staging buffer of the largest parameter, each rounded up to a power of two under
   PyTorch's pinned allocator.
-
 - the per-parameter gradient buffers of gradient accumulation (below): ZenFlow makes DeepSpeed's accumulation
   boundary its update boundary (`is_zenflow_update_boundary`), so between two full updates every gradient is
   accumulated on the host as under gradient accumulation, whatever `gradient_accumulation_steps` says. This holds
@@ -38,15 +37,14 @@ from labs.memory.layout import zero3_gpu_sub_groups, zero12_params_per_rank
 from labs.memory.units import torch_pinned_bytes
 
 
-def overlaps_its_step(zero: dict) -> bool:
-    """Whether a zero_optimization block runs ZenFlow with its CPU step in a second process."""
-    return bool((zero.get("zenflow") or {}).get("overlap_step"))
+def overlaps_its_step(zenflow: dict | None) -> bool:
+    """Whether a `zero_optimization.zenflow` block (None: no ZenFlow) runs its CPU step in a second process."""
+    return bool((zenflow or {}).get("overlap_step"))
 
 
-def zenflow_accumulates(zero: dict) -> bool:
-    """Whether a ZenFlow block keeps gradients on the host between updates: every `update_interval` but 1 ("auto"
-    included, which starts above 1)."""
-    zenflow = zero.get("zenflow")
+def zenflow_accumulates(zenflow: dict | None) -> bool:
+    """Whether a `zero_optimization.zenflow` block keeps gradients on the host between updates: every
+    `update_interval` but 1 ("auto" included, which starts above 1)."""
     return bool(zenflow) and zenflow.get("update_interval", "auto") != 1
 
 
@@ -72,7 +70,7 @@ NVME_OPTIMIZER_BUFFERS = 4
 
 
 def offloaded_optimizer(layout, dims, stage, d, partition, optimizer_rank, offload_optimizer, z3, knobs, world,
-                        gpu_share=0.0, pinned_rounding=False, accumulation=1, zenflow=None, zenflow_accumulates=False):
+                        gpu_share=0.0, pinned_rounding=False, accumulation=1, zenflow=None):
     """Bytes per rank that an offloaded optimizer puts on the host and on NVMe, and the staging buffer it keeps on
     the GPU: (host, nvme, staging_gpu). From DeepSpeed 0.19.8's allocations:
     - CPU Adam steps the fp32 master partition and its states (optimizer_rank) with an fp32 gradient partition (4
@@ -92,8 +90,9 @@ def offloaded_optimizer(layout, dims, stage, d, partition, optimizer_rank, offlo
       (stage3.py): the fp32 master and the states pageable; each host sub-group's fp32 gradient buffer pinned on its
       own, and the d-byte gradient partition (`grad_partitions_flat_buffer`) pinned whole. Checked on one H200
       (results/gpu/pinned_host_1xh200/z3_offload: the 3B's rank held 20.02 GiB of shared memory, 20.00 predicted).
-    - ZeRO-1/2 with `zenflow` "overlap": zenflow_per_rank_bytes instead; with `accumulation` > 1 or
-      `zenflow_accumulates`: plus accumulation_per_rank_bytes (both above)."""
+    - ZeRO-1/2 with a `zenflow` block (the config's, or None) that overlaps its step: zenflow_per_rank_bytes
+      instead; with `accumulation` > 1 or a ZenFlow block that accumulates: plus accumulation_per_rank_bytes (all
+      above)."""
     if not offload_optimizer:
         return 0, 0, 0
     staging = d * max(n for _, n in layout) if dims and stage in (1, 2) else 0
@@ -105,9 +104,9 @@ def offloaded_optimizer(layout, dims, stage, d, partition, optimizer_rank, offlo
         on_host = z3["sub_groups"][len(zero3_gpu_sub_groups(z3, knobs)):]
         pinned = sum(torch_pinned_bytes(4 * n) for n in on_host) + torch_pinned_bytes(d * partition)
         return (1 - gpu_share) * optimizer_rank + pinned, 0, 0
-    accumulating = stage in (1, 2) and (accumulation > 1 or zenflow_accumulates)
+    accumulating = stage in (1, 2) and (accumulation > 1 or zenflow_accumulates(zenflow))
     held_between_steps = accumulation_per_rank_bytes(layout, world, d, pinned_rounding) if accumulating else 0
-    if stage in (1, 2) and zenflow == "overlap":
+    if stage in (1, 2) and overlaps_its_step(zenflow):
         return zenflow_per_rank_bytes(partition, d, staging, pinned_rounding) + held_between_steps, 0, staging
     if pinned_rounding and stage in (1, 2):
         states = optimizer_rank - 4 * partition
