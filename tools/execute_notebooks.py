@@ -18,14 +18,14 @@ def execute(path: Path, only_cells=None):
     start = time.perf_counter()
     notebook = nbformat.read(path, as_version=4)
     stored = {cell.id: (cell.get("outputs"), cell.get("execution_count"), cell.metadata) for cell in notebook.cells}
+    missing = set(only_cells or ()) - set(stored)
+    if missing:                                  # before the run, which can take minutes
+        raise SystemExit(f"{path.name}: no cell with id {', '.join(sorted(missing))}")
     spec = KernelSpecManager().get_kernel_spec("python3")
     notebook.metadata["kernelspec"] = {"display_name": spec.display_name, "language": spec.language,
                                        "name": "python3"}
     ExecutePreprocessor(timeout=1800, kernel_name="python3").preprocess(notebook, {"metadata": {"path": str(path.parent)}})
     if only_cells is not None:
-        missing = set(only_cells) - set(stored)
-        if missing:
-            raise SystemExit(f"{path.name}: no cell with id {', '.join(sorted(missing))}")
         for cell in notebook.cells:
             if cell.cell_type == "code" and cell.id not in only_cells:
                 cell.outputs, cell.execution_count, cell.metadata = stored[cell.id]
