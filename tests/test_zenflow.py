@@ -230,3 +230,32 @@ def test_round_14s_records_are_like_for_like_and_hold_what_chapter_9_reads_off_t
     assert target["intervals"] == {"ft_zf_ui2": 2, "ft_zf": 4, "ft_zf_ui8": 8}
     hidden = [target["hidden"][n] for n in ("ft_zf_ui2", "ft_zf", "ft_zf_ui8")]
     assert hidden == sorted(hidden) and not target["met"] and min(target["gaps"].values()) > 0.5, target["measured"]
+
+
+def test_round_15s_records_are_like_for_like_repeat_round_14_and_hold_the_readme_figures():
+    """Round 15 (results/gpu/zenflow_finetune_1xh200/round15, another host): round 14's pipeline again, each fine-tune
+    64 steps. The runs are like for like (same exported weights, data, seed, lr, tokens per step; same loss at step 1),
+    their first steps repeat round 14's within GPU noise, every interval lands full updates before the window, and the
+    README's figures are what round15_target computes."""
+    from labs.course import zenflow_report as z
+    from labs.metrics import read_jsonl
+    from labs.runfolder import Run
+
+    runs = z.finetune_runs(z.ROUND15, z.ROUND15_RUNS)
+    specs = {name: Run(z.ROUND15 / name).spec for name in z.ROUND15_RUNS}
+    assert {s["model_path"] for s in specs.values()} == {"/tmp/pre_hf"}
+    assert {(s["data"], s["seed"], s["seq_len"], s["steps"]) for s in specs.values()} == {
+        ("/tmp/transformers.jsonl", 0, 4096, 64)}
+    assert all(runs[name]["tokens_per_step"] == 8 * 4096 for name in z.ROUND15_RUNS)
+    assert len({round(runs[name]["losses"][0], 3) for name in z.ROUND15_RUNS}) == 1
+    for then, now in zip(z.ROUND14 + ("pre",), z.ROUND15_RUNS + ("pre",)):
+        old = [m["loss"] for m in read_jsonl(z.FINETUNE / then / "metrics.jsonl")]
+        assert max(abs(a - b) for a, b in zip(old, runs[now]["losses"])) < 0.01, (then, now)
+    target = z.round15_target()
+    assert target["intervals"] == {"ft_zf_ui2_64": 2, "ft_zf64": 4, "ft_zf_ui8_64": 8}
+    assert all(len(target["landed"][n]) >= 5 for n in target["landed"]) and not target["met"]
+    readme = (z.FINETUNE / "README.md").read_text()
+    for name, label in (("ft_zf_ui2_64", "interval 2: "), ("ft_zf64", "interval 4: "), ("ft_zf_ui8_64", "interval 8: ")):
+        line = next(line for line in readme.split("## Round 15")[1].splitlines() if line.startswith(f"- {label}"))
+        assert f"{target['hidden'][name]:.1%}" in line and f"{target['gaps'][name]:.2f} above" in line, line
+        assert f"{len(target['landed'][name])} full updates" in line, line

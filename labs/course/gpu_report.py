@@ -244,4 +244,5 @@ def targets() -> list[dict]:
         dict(target="planner's pick within 5% of the best measured (each side, both budgets)",
              measured=", ".join(f"{p['side']} {p['pick_over_best']:.2f}" for p in picks),
              met=all(p["pick_over_best"] >= 0.95 for p in picks)),
-    ] + offload_targets() + [zenflow_report.round12_target(), zenflow_report.round14_target()]
+    ] + offload_targets() + [zenflow_report.round12_target(), zenflow_report.round14_target(),
+                             zenflow_report.round15_target()]

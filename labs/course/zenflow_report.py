@@ -7,6 +7,7 @@ speed per run, what the host's OOM killer reported before labs.zenflow_host, and
     zenflow_report.host_memory("zf_overlap20")         # least available host memory, each process then
     zenflow_report.step_timers("zf_fast20")            # round 12: DeepSpeed's timers per step, from the job's log
     zenflow_report.finetune_runs()                     # round 14: fine-tuning weights labs trained, at intervals 2, 4, 8
+    zenflow_report.finetune_runs(ROUND15, ROUND15_RUNS)  # round 15: the same fine-tunes over 64 steps, on another host
 """
 from __future__ import annotations
 
@@ -40,6 +41,10 @@ LOSS_TOLERANCE = 0.05
 # step): labs without offload (24 steps) and ZenFlow overlapped at update_interval 2 and 4 (20 steps) and 8 (24 steps).
 FINETUNE = RESULTS / "gpu" / "zenflow_finetune_1xh200"
 ROUND14 = ("ft_ref", "ft_zf_ui2", "ft_zf", "ft_zf_ui8")
+# Round 15 (2026-12-03, ninth session, another host, tools/gpu_round15*.jobs): round 14 again from `pre` on, each
+# fine-tune for 64 steps, so that every interval lands full updates (interval 8: six) and the loss is compared late.
+ROUND15 = FINETUNE / "round15"
+ROUND15_RUNS = ("ft_ref64", "ft_zf_ui2_64", "ft_zf64", "ft_zf_ui8_64")
 
 
 def zenflow_runs(names=ROUND4, folder=FOLDER, cycle=4) -> dict[str, dict]:
@@ -69,11 +74,12 @@ def update_interval(name: str, folder=FINETUNE) -> int | None:
     return zenflow["update_interval"] if zenflow else None
 
 
-def finetune_runs(folder=FINETUNE) -> dict[str, dict]:
-    """zenflow_runs for round 14's fine-tuning runs and the run that trained their weights (`pre`), each over whole
-    cycles of its own update_interval (no offload and `pre` over steps 5 on, as interval 4)."""
+def finetune_runs(folder=FINETUNE, names=ROUND14) -> dict[str, dict]:
+    """zenflow_runs for a round's fine-tuning runs (the first is labs without offload) and the run that trained their
+    weights (`pre`), each over whole cycles of its own update_interval (no offload and `pre` over steps 5 on, as
+    interval 4)."""
     runs = {}
-    for name in ROUND14 + ("pre",):
+    for name in names + ("pre",):
         runs.update(zenflow_runs((name,), folder, update_interval(name, folder) or 4))
     return runs
 
@@ -86,10 +92,11 @@ def landed_updates(name: str, folder=FINETUNE) -> list[int]:
 
 
 WINDOW = range(13, 21)          # round 14's common window: steps 13-20, run by every fine-tuning run on the same batches
+WINDOW15 = range(49, 65)        # round 15's: the last 16 steps, after interval 8's third full update has landed
 
 
-def window_mean(losses: list[float]) -> float:
-    return sum(losses[k - 1] for k in WINDOW) / len(WINDOW)
+def window_mean(losses: list[float], window=WINDOW) -> float:
+    return sum(losses[k - 1] for k in window) / len(window)
 
 
 def kept_between_updates_bytes(name: str, folder=FOLDER) -> int:
@@ -171,23 +178,28 @@ def round12_target() -> dict:
                 met=fast and max(gaps.values()) <= LOSS_TOLERANCE, speed=speed, gaps=gaps)
 
 
-def round14_target(folder=FINETUNE) -> dict:
+def round14_target(folder=FINETUNE, names=ROUND14, window=WINDOW, label="round 14") -> dict:
     """round12_target's target measured where ZenFlow is meant to run, fine-tuning weights that have learned: tokens/s
     relative to labs without offload on the same host (at its best fit, 4 x 2; ZenFlow runs 8 x 1; steps after the
-    first cycle), and the loss as its mean over steps 13-20 (WINDOW: the same batches in every run; one step's loss
-    swings by tenths of a nat from batch to batch) against no offload's over the same steps. Stock's offload did not
-    run on this host (round 12 measured it on another), so the ratio over stock is not judged here."""
-    runs = finetune_runs(folder)
-    none = runs["ft_ref"]
-    zenflow = [name for name in ROUND14 if name != "ft_ref"]
+    first cycle), and the loss as its mean over `window` (the same batches in every run; one step's loss swings by
+    tenths of a nat from batch to batch) against no offload's over the same steps. Stock's offload did not run on
+    this host (round 12 measured it on another), so the ratio over stock is not judged here."""
+    runs = finetune_runs(folder, names)
+    none = runs[names[0]]
+    zenflow = list(names[1:])
     hidden = {name: runs[name]["tokens_per_s_per_gpu"] / none["tokens_per_s_per_gpu"] for name in zenflow}
-    gaps = {name: window_mean(runs[name]["losses"]) - window_mean(none["losses"]) for name in zenflow}
-    landed = {name: [k for k in landed_updates(name, folder) if k < WINDOW[-1]] for name in zenflow}
+    gaps = {name: window_mean(runs[name]["losses"], window) - window_mean(none["losses"], window) for name in zenflow}
+    landed = {name: [k for k in landed_updates(name, folder) if k < window[-1]] for name in zenflow}
     intervals = {name: update_interval(name, folder) for name in zenflow}
-    return dict(target=f"ZenFlow fine-tuning (round 14, same host): tokens/s >= 90% of no offload's, loss (mean of "
-                       f"steps {WINDOW[0]}-{WINDOW[-1]}) within {LOSS_TOLERANCE} of no offload's",
+    return dict(target=f"ZenFlow fine-tuning ({label}, same host): tokens/s >= 90% of no offload's, loss (mean of "
+                       f"steps {window[0]}-{window[-1]}) within {LOSS_TOLERANCE} of no offload's",
                 measured="; ".join(f"update_interval {intervals[n]}: {hidden[n]:.1%} of no offload's tokens/s, loss "
-                                   f"{gaps[n]:+.2f}, {len(landed[n])} full updates felt by step {WINDOW[-1]}"
+                                   f"{gaps[n]:+.2f}, {len(landed[n])} full updates felt by step {window[-1]}"
                                    for n in zenflow),
                 met=any(hidden[n] >= 0.9 and gaps[n] <= LOSS_TOLERANCE for n in zenflow),
                 hidden=hidden, gaps=gaps, landed=landed, intervals=intervals)
+
+
+def round15_target() -> dict:
+    """round14_target over round 15's 64-step fine-tunes, the loss judged over their last 16 steps."""
+    return round14_target(ROUND15, ROUND15_RUNS, WINDOW15, "round 15, 64 steps")
