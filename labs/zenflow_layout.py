@@ -12,10 +12,19 @@ lost at step 0. `tools/repro_zenflow_layout.py` shows it with DeepSpeed alone.
 The fix views each 2-D slice the way ZenFlow's own unflatten does ([in, out] then transposed). Checked: the built
 model's forward equals the plain model's, and with update_interval 1 (a full CPU update every step) ZenFlow's
 per-step losses equal plain ZeRO-2 offload's (tests/test_zenflow.py).
+
+A second consequence, fixed here too: DeepSpeed links each parameter to its piece of the fp32 master partition
+(utils/tensor_fragment.py: get_hp_fragment_mapping) through `lp_param.flatten()`, meant as a view into the bf16 flat
+buffer. A transposed view is not contiguous, so there `flatten()` copies: round 15's allocator record of the 3B
+(results/gpu/zenflow_1xh200/zf_alloc) found 5.75 GiB of such copies alive on the GPU, one per matrix, never read
+(DeepSpeed only reads `lp_fragment` in tensor_fragment.update_hp/update_lp, which nothing calls), and in the wrong
+element order for the master partition, which stores matrices transposed. `fragment_views` points each one at the
+buffer in the buffer's own order: a view, no copy.
 """
 from __future__ import annotations
 
 _PATCHED = "_labs_zenflow_layout"
+_LINKED = "_labs_zenflow_fragments"
 
 
 def views(flat, params_meta_offsets):
@@ -27,6 +36,12 @@ def views(flat, params_meta_offsets):
 
 
 def install() -> None:
+    """Both fixes: the parameters' views (install_weight_views) and the master-weight links (install_fragment_views)."""
+    install_weight_views()
+    install_fragment_views()
+
+
+def install_weight_views() -> None:
     """Replace DeepSpeedZeroOptimizer._update_model_bit16_weights with one that honours ZenFlow's layout (ZenFlow
     only; without ZenFlow the original runs). Idempotent."""
     from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
@@ -49,3 +64,36 @@ def install() -> None:
 
     setattr(update_model_bit16_weights, _PATCHED, True)
     DeepSpeedZeroOptimizer._update_model_bit16_weights = update_model_bit16_weights
+
+
+def fragment_views(params) -> int:
+    """Re-point each transposed matrix's `_hp_mapping.lp_fragment` from DeepSpeed's copy to a view of the same
+    elements in ZenFlow's buffer order (the parameter's [in, out] storage, flattened). Returns how many it re-pointed."""
+    count = 0
+    for param in params:
+        mapping = getattr(param, "_hp_mapping", None)
+        if mapping is None or param.dim() != 2 or param.is_contiguous() or not param.t().is_contiguous():
+            continue
+        address = mapping.lp_fragment_address
+        mapping.lp_fragment = param.t().flatten().narrow(0, address.start, address.numel)
+        count += 1
+    return count
+
+
+def install_fragment_views() -> None:
+    """Run fragment_views after every DeepSpeedZeroOptimizer._link_all_hp_params (at start-up and after a checkpoint
+    load), for ZenFlow only. Idempotent."""
+    from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
+
+    original = DeepSpeedZeroOptimizer._link_all_hp_params
+    if getattr(original, _LINKED, False):
+        return
+
+    def link_all_hp_params(self):
+        original(self)
+        if getattr(self, "zenflow", False):
+            for group in self.bit16_groups:
+                fragment_views(group)
+
+    setattr(link_all_hp_params, _LINKED, True)
+    DeepSpeedZeroOptimizer._link_all_hp_params = link_all_hp_params

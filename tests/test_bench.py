@@ -202,6 +202,10 @@ def test_readme_quotes_the_recorded_round_2_numbers():
                  f"{t14['gaps']['ft_zf_ui2']:.2f} above;", f"interval 8 runs at {t14['hidden']['ft_zf_ui8']:.1%},",
                  f"{t14['gaps']['ft_zf_ui8']:.2f} above, but no full update"]
     assert t14["landed"]["ft_zf_ui8"] == []
+    t15 = zr.round15_target()
+    expected += [f"interval 2 is {t15['gaps']['ft_zf_ui2_64']:.2f} nats above", f"interval 4 {t15['gaps']['ft_zf64']:.2f} and",
+                 f"interval 8 {t15['gaps']['ft_zf_ui8_64']:.2f}, with",
+                 ", ".join(str(len(t15["landed"][n])) for n in ("ft_zf_ui2_64", "ft_zf64")) + f" and {len(t15['landed']['ft_zf_ui8_64'])} full"]
     from labs.course import one_gpu_report as one
     for row in one.best_vs_best():
         expected += [f"{row['stock_tokens_per_s']:,.0f}", f"{row['labs_tokens_per_s']:,.0f}", f"{row['ratio']:.2f}x",

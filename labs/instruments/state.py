@@ -47,6 +47,8 @@ def engine_state_bytes(engine) -> dict:
         ledger.add(getattr(p, "ds_secondary_tensor", None), "params", f"{name}.ds_secondary_tensor")  # ZeRO++ hpZ
         ledger.add(p.data, "params", name)
         ledger.add(p.grad, "grads", f"{name}.grad")
+        # ZeRO-1/2's link to the master weights: a view of the flat buffer, or a copy (ZenFlow before labs' fix)
+        ledger.add(getattr(getattr(p, "_hp_mapping", None), "lp_fragment", None), "params", f"{name}.lp_fragment")
     for group in getattr(basic, "param_groups", []):           # 2. fp32 master weights and their grads
         for i, p in enumerate(group["params"]):
             ledger.add(p.data, "optimizer", f"optimizer master[{i}]")

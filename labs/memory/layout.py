@@ -79,3 +79,21 @@ def zero3_gpu_sub_groups(z3: dict, knobs: dict) -> list[int]:
     (stage3.py, `subgroup_to_device`) keeps sub-group i on the GPU while i < int((1 - ratio) x sub-groups)."""
     groups = z3["sub_groups"]
     return groups[:int((1 - knobs["offload_ratio"]) * len(groups))]
+
+
+def zenflow_selected_elements(dims: dict, topk_ratio: float) -> int:
+    """Elements of the weights ZenFlow updates on the GPU between its full CPU updates: of each matrix
+    ([out, in]) max(1, int(in x topk_ratio)) whole columns, and every vector (bias, norm) whole
+    (runtime/zenflow/zenflow_stage_1_and_2.py `_num_selected_columns`). ZenFlow's GPU Adam keeps exp_avg and
+    exp_avg_sq for them in the parameters' dtype (ops/adam/zenflow_torch_adam.py): at Qwen2.5-3B and ratio 0.1 the
+    allocator record of round 15 (results/gpu/zenflow_1xh200/zf_alloc) holds 615,728,128 bytes for each, these
+    elements x 2 bytes to the byte."""
+    h, f = dims["hidden_size"], dims["intermediate_size"]
+    selected = 0
+    for name, numel in param_layout(dims):
+        if name.endswith(".bias") or "norm" in name:
+            selected += numel
+        else:
+            columns = f if "down_proj" in name else h          # every matrix reads the hidden size but down_proj
+            selected += numel // columns * max(1, int(columns * topk_ratio))
+    return selected

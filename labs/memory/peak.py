@@ -64,6 +64,10 @@ def deepspeed(params, layout, dims, stage, world, d, mixed, state_bytes, offload
     on_gpu = zero_layout.zero3_gpu_sub_groups(z3, knobs) if offload_optimizer and stage == 3 else []
     gpu_share = sum(on_gpu) / partition if on_gpu else 0.0
     optimizer_gpu = gpu_share * optimizer_rank if offload_optimizer else optimizer_rank
+    if zenflow and dims and stage in (1, 2):
+        # ZenFlow's GPU Adam for the top-k columns it updates every step; counted whole on every rank (measured on one
+        # GPU, round 15: to the byte; with more ranks an upper bound, not measured)
+        optimizer_gpu += 2 * d * zero_layout.zenflow_selected_elements(dims, zenflow.get("topk_ratio", 0.1))
     host, nvme, staging_gpu = host_bytes.offloaded_optimizer(
         layout, dims, stage, d, partition, optimizer_rank, offload_optimizer, z3 if stage == 3 else None, knobs,
         world, gpu_share, pinned_rounding, accumulation, zenflow)
