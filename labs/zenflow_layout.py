@@ -75,7 +75,7 @@ def fragment_views(params) -> int:
         if mapping is None or param.dim() != 2 or param.is_contiguous() or not param.t().is_contiguous():
             continue
         address = mapping.lp_fragment_address
-        mapping.lp_fragment = param.t().flatten().narrow(0, address.start, address.numel)
+        mapping.lp_fragment = param.data.t().flatten().narrow(0, address.start, address.numel)   # no autograd view
         count += 1
     return count
 
