@@ -93,6 +93,16 @@ def find(where) -> Path:
     return found[-1]
 
 
+def ds_config(path: Path) -> dict:
+    """The DeepSpeed config that wrote checkpoint `path`, as DeepSpeed recorded it in its model-states file (the run
+    folder's ds_config.json is its latest run's, and a resumed run may have changed it). Memory-mapped: no weights
+    are read."""
+    files = sorted(Path(path).glob("*model_states.pt"))
+    if not files:
+        return {}
+    return torch.load(files[0], map_location="cpu", mmap=True, weights_only=False).get("ds_config") or {}
+
+
 # ---------------------------------------------------------------------------------------------- rank side
 def is_due(step: int, save_every: int | None, steps: int) -> bool:
     """A run saves every `save_every` steps and at its last step."""

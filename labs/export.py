@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from labs import checkpoint, data, models, resume
+from labs import checkpoint, data, models, resume, zenflow_layout
 from labs.errors import LabsError, check_choice
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -51,7 +51,8 @@ class Exported:
 
 def consolidated(path: Path) -> dict:
     """The whole model's fp32 master weights from a checkpoint's ZeRO partitions (zero_to_fp32), with the names of
-    the Hugging Face model (the training wrapper's prefix removed)."""
+    the Hugging Face model (the training wrapper's prefix removed). A ZenFlow checkpoint's matrices are stored
+    transposed, which zero_to_fp32 does not know: they are read back (labs.zenflow_layout)."""
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
     try:
@@ -61,6 +62,8 @@ def consolidated(path: Path) -> dict:
         reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
         raise LabsError(f"checkpoint '{path}' is not a DeepSpeed ZeRO checkpoint that zero_to_fp32 can read "
                         f"({reason}); export another checkpoint of the run") from None
+    if zenflow_layout.transposed(checkpoint.ds_config(path)):
+        state = zenflow_layout.untransposed(state)
     return {name.removeprefix(PREFIX): tensor for name, tensor in state.items()}
 
 

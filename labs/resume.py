@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from labs import checkpoint, runfolder
+from labs import checkpoint, runfolder, zenflow_layout
 from labs import config as config_lib
 from labs.errors import LabsError
 
@@ -121,12 +121,27 @@ def plan(resume, spec: dict, resolved: dict) -> dict:
                         f"{spec['nproc']}: DeepSpeed's universal checkpoint changes the stage only within ZeRO-1/2 "
                         "(ZeRO-3 stays ZeRO-3); keep the stage family, or export the model (labs export RUN_DIR "
                         "OUT_DIR) and start a new run from it with --model-path OUT_DIR")
+    _check_zenflow_layout(path, resolved)
     local = Path(checkpoint.FOLDER) / path.name        # the copy in the new run folder, relative to it
     return dict(run=str(run_dir.resolve()), source=str(path.resolve()), step=saved["step"],
                 universal=universal, checkpoint=str(local),
                 load=str(local.with_name(path.name + ".universal")) if universal else str(local),
                 from_layout=f"ZeRO-{saved['zero_stage']} on {saved['world_size']} rank(s)",
                 to_layout=f"ZeRO-{stage} on {spec['nproc']} rank(s)")
+
+
+def _check_zenflow_layout(path: Path, resolved: dict) -> None:
+    """ZenFlow under ZeRO-1/2 saves each matrix transposed in the flat fp32 partitions (labs.zenflow_layout), and
+    DeepSpeed loads those partitions into whatever layout the resumed run has: across the change the first update
+    copies permuted master weights into the model (tiny model: ZenFlow -> plain offload, step 6's loss 11.95 instead of
+    11.78, above step 1's). The checkpoint's own config says how it was written."""
+    saved, wanted = zenflow_layout.transposed(checkpoint.ds_config(path)), zenflow_layout.transposed(resolved)
+    if saved != wanted:
+        written, asked = ("with", "without") if saved else ("without", "with")
+        raise LabsError(f"--resume: checkpoint '{path.name}' was written {written} ZenFlow and the config asks to go "
+                        f"on {asked} it; ZenFlow stores matrices transposed in the optimizer's flat partitions, so the "
+                        "weights would be scrambled: keep the run's config (or its zenflow block), or export the model "
+                        "(labs export RUN_DIR OUT_DIR) and start a new run from it with --model-path OUT_DIR")
 
 
 def prepare_work(spec: dict, work: Path) -> None:

@@ -20,6 +20,13 @@ buffer. A transposed view is not contiguous, so there `flatten()` copies: round 
 (DeepSpeed only reads `lp_fragment` in tensor_fragment.update_hp/update_lp, which nothing calls), and in the wrong
 element order for the master partition, which stores matrices transposed. `fragment_views` points each one at the
 buffer in the buffer's own order: a view, no copy.
+
+A third: checkpoints keep the layout. The fp32 master partition is a copy of the flat buffer, so DeepSpeed saves each matrix
+transposed, while zero_to_fp32 cuts the flat groups into the parameters' own shapes. Consolidated as they are, a
+ZenFlow checkpoint's matrices are permutations of the model's (an export held no model: on the tiny model every matrix
+off by up to 0.15 while the weights are under 0.11, and a higher loss than at step 1). labs.export reads them back
+(`untransposed`). A resume reloads the flat partitions as saved, so it is right only into the same layout: labs.resume
+refuses to drop or add ZenFlow (`transposed` on both configs).
 """
 from __future__ import annotations
 
@@ -97,3 +104,17 @@ def install_fragment_views() -> None:
 
     setattr(link_all_hp_params, _LINKED, True)
     DeepSpeedZeroOptimizer._link_all_hp_params = link_all_hp_params
+
+
+def transposed(ds_config: dict) -> bool:
+    """Whether a run with this DeepSpeed config keeps matrices transposed in its flat buffers and checkpoints: ZenFlow
+    under ZeRO-1/2 (ZeRO-3's ZenFlow lays parameters out its own way: engine_stage3.py, not handled here)."""
+    zero = ds_config.get("zero_optimization") or {}
+    return bool(zero.get("zenflow")) and int(zero.get("stage", 0)) in (1, 2)
+
+
+def untransposed(state: dict) -> dict:
+    """A state dict that zero_to_fp32 consolidated from a `transposed` checkpoint, with each matrix read back the way
+    ZenFlow stored it: the slice of [out, in] values is the matrix's [in, out] transpose, row by row."""
+    return {name: (t.reshape(t.shape[1], t.shape[0]).t().contiguous() if t.dim() == 2 else t)
+            for name, t in state.items()}

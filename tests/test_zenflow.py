@@ -1,6 +1,7 @@
 """ZenFlow (ZeRO-2 + CPU optimizer offload with a top-k selective update) trains in labs, and a run whose loss turns
 non-finite fails instead of reporting a result (tools/repro_zenflow_nan.py: DeepSpeed 0.19.8 with update_interval
-"auto" divides the loss by 0), and its weights are the model's (labs.zenflow_layout; tools/repro_zenflow_layout.py)."""
+"auto" divides the loss by 0), and its weights are the model's (labs.zenflow_layout; tools/repro_zenflow_layout.py),
+in training and in what `labs export` makes of its checkpoints."""
 import json
 
 import pytest
@@ -108,6 +109,55 @@ def test_zenflow_fragment_views_link_each_matrix_to_the_buffer_not_to_a_copy():
         fragment = param._hp_mapping.lp_fragment
         assert fragment.untyped_storage().data_ptr() == pointer
         assert torch.equal(fragment.float(), param._hp_mapping.hp_fragment)
+
+
+def test_untransposed_reads_back_matrices_that_zero_to_fp32_cut_from_zenflows_flat_partition():
+    """zero_to_fp32 cuts a flat fp32 group into the parameters' shapes, in order: over ZenFlow's layout that gives
+    each matrix's values permuted, and labs.zenflow_layout.untransposed gives the matrices back."""
+    from deepspeed.runtime.zenflow import zenflow_utils
+    params = dict(w=torch.randn(3, 5), b=torch.randn(4), v=torch.randn(2, 3))
+    flat, offset, cut = zenflow_utils._flatten_dense_tensors(list(params.values())), 0, {}
+    for name, p in params.items():
+        cut[name] = flat.narrow(0, offset, p.numel()).view(p.shape)
+        offset += p.numel()
+    assert not torch.equal(cut["w"], params["w"])
+    assert all(torch.equal(t, params[name]) for name, t in zenflow_layout.untransposed(cut).items())
+    zenflow = dict(zero_optimization=dict(stage=2, zenflow=dict(topk_ratio=0.1)))
+    assert zenflow_layout.transposed(zenflow)
+    assert not zenflow_layout.transposed(dict(zero_optimization=dict(stage=2)))
+    assert not zenflow_layout.transposed(dict(zero_optimization=dict(stage=3, zenflow=dict(topk_ratio=0.1))))
+
+
+def test_a_zenflow_checkpoint_exports_the_model_it_trained_and_resumes_only_with_zenflow(tmp_path):
+    """The exported weights of a ZenFlow run are the run's own: they equal the live bf16 weights DeepSpeed saved beside
+    the master weights (mp_rank_00_model_states.pt), to a few bf16 steps (ZenFlow's selective update moves a tenth of
+    the columns in bf16 only). Before labs.zenflow_layout.untransposed every matrix was a permutation of the model's,
+    off by more than its largest weight. And a resume that drops ZenFlow is refused before any rank starts."""
+    from safetensors.torch import load_file
+
+    from labs import checkpoint, export
+
+    run = tmp_path / "zf"
+    result = run_labs("train", "--preset", "tiny", "--config",
+                      _zenflow_config(tmp_path, update_interval=1, overlap_step=False), "--nproc", 1, "--steps", 2,
+                      "--save-every", 2, "--lr", 1e-3, "--out", run, "--quiet", timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    export.to_hf(run, tmp_path / "hf", tokenizer=False)
+    exported = load_file(tmp_path / "hf" / "model.safetensors")
+    saved = torch.load(checkpoint.find(run) / "mp_rank_00_model_states.pt", weights_only=False)["module"]
+    live = {name.removeprefix(export.PREFIX): t for name, t in saved.items()}
+    matrices = [name for name, t in exported.items() if t.dim() == 2]
+    assert len(matrices) == 15 and set(exported) <= set(live)
+    for name in matrices:                                            # (vectors are stored as they are)
+        step = 2 ** -6 * live[name].float().abs().max()              # a few bf16 steps of the largest weight
+        assert (exported[name].float() - live[name].float()).abs().max() <= step, name
+
+    plain = config.load(ROOT / "ds_configs/bench/labs_zero2_offload.json")
+    plain["optimizer"]["params"]["lr"] = "auto"                      # the run's own, as the ZenFlow config has it
+    refused = run_labs("train", "--resume", run, "--config", config.write(plain, tmp_path / "plain.json"),
+                       "--steps", 3, "--out", tmp_path / "plain")
+    assert refused.returncode == 2 and "was written with ZenFlow" in refused.stderr, refused.stderr[-2000:]
+    assert not (tmp_path / "plain").exists()
 
 
 def test_zenflow_host_shares_each_storage_once_in_place_then_empties_the_cache_then_registers():
