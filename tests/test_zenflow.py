@@ -28,24 +28,27 @@ def _losses(out) -> list[float]:
 def test_zenflow_with_a_full_cpu_update_every_step_trains_like_plain_offload(tmp_path):
     """update_interval 1: ZenFlow's CPU update covers every weight every step, so it must train like plain ZeRO-2
     offload, bf16 rounding aside. Without labs.zenflow_layout step 1's loss already differs (DeepSpeed 0.19.8 scrambles
-    the weights at start-up) and the loss barely falls."""
+    the weights at start-up) and the loss barely falls. The ZenFlow run's checkpoint then serves the export and resume
+    checks below."""
     plain = config.load(ROOT / "ds_configs/bench/labs_zero2_offload.json")
     plain["optimizer"]["params"]["lr"] = "auto"
     configs = dict(plain=str(config.write(plain, tmp_path / "plain.json")),
                    zenflow=_zenflow_config(tmp_path, update_interval=1, overlap_step=False))
     losses, census = {}, {}
     for name, path in configs.items():
+        save = ("--save-every", 6) if name == "zenflow" else ()
         result = run_labs("train", "--preset", "tiny", "--config", path, "--nproc", 1, "--steps", 6, "--lr", 1e-3,
-                          "--instruments", "state_bytes", "--out", tmp_path / name, "--quiet", timeout=300)
+                          "--instruments", "state_bytes", *save, "--out", tmp_path / name, "--quiet", timeout=300)
         assert result.returncode == 0, result.stderr[-3000:]
         losses[name] = _losses(tmp_path / name)
         census[name] = json.loads((tmp_path / name / "summary.json").read_text())["state_bytes"][0]
-    # the same bytes of bf16 parameters: ZenFlow's links to the master weights are views (labs.zenflow_layout), not
-    # one more copy of every matrix (the state_bytes census counts each storage once, the links' too)
-    assert census["zenflow"]["params_bytes"] == census["plain"]["params_bytes"], census
     assert abs(losses["zenflow"][0] - losses["plain"][0]) < 1e-6, losses      # same weights, same data, no update yet
     assert max(abs(a - b) for a, b in zip(losses["zenflow"], losses["plain"])) < 0.005, losses
     assert losses["plain"][-1] < losses["plain"][0] - 0.05, losses             # and it is training, not standing still
+    # the same bytes of bf16 parameters: ZenFlow's links to the master weights are views (labs.zenflow_layout), not
+    # one more copy of every matrix (the state_bytes census counts each storage once, the links' too)
+    assert census["zenflow"]["params_bytes"] == census["plain"]["params_bytes"], census
+    _exports_the_model_it_trained_and_resumes_only_with_zenflow(tmp_path / "zenflow", tmp_path)
 
 
 def test_zenflow_keeps_each_gradient_on_the_host_between_updates(tmp_path):
@@ -128,20 +131,16 @@ def test_untransposed_reads_back_matrices_that_zero_to_fp32_cut_from_zenflows_fl
     assert not zenflow_layout.transposed(dict(zero_optimization=dict(stage=3, zenflow=dict(topk_ratio=0.1))))
 
 
-def test_a_zenflow_checkpoint_exports_the_model_it_trained_and_resumes_only_with_zenflow(tmp_path):
-    """The exported weights of a ZenFlow run are the run's own: they equal the live bf16 weights DeepSpeed saved beside
-    the master weights (mp_rank_00_model_states.pt), to a few bf16 steps (ZenFlow's selective update moves a tenth of
-    the columns in bf16 only). Before labs.zenflow_layout.untransposed every matrix was a permutation of the model's,
-    off by more than its largest weight. And a resume that drops ZenFlow is refused before any rank starts."""
+def _exports_the_model_it_trained_and_resumes_only_with_zenflow(run, tmp_path):
+    """The exported weights of a ZenFlow run (its checkpoint at the last step) are the run's own: they equal the live
+    bf16 weights DeepSpeed saved beside the master weights (mp_rank_00_model_states.pt), to a few bf16 steps (ZenFlow's
+    selective update moves a tenth of the columns in bf16 only). Before labs.zenflow_layout.untransposed every matrix
+    was a permutation of the model's, off by more than its largest weight. And a resume that drops ZenFlow is refused
+    before any rank starts. (Called on the run of the test above: one launch fewer.)"""
     from safetensors.torch import load_file
 
     from labs import checkpoint, export
 
-    run = tmp_path / "zf"
-    result = run_labs("train", "--preset", "tiny", "--config",
-                      _zenflow_config(tmp_path, update_interval=1, overlap_step=False), "--nproc", 1, "--steps", 2,
-                      "--save-every", 2, "--lr", 1e-3, "--out", run, "--quiet", timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
     export.to_hf(run, tmp_path / "hf", tokenizer=False)
     exported = load_file(tmp_path / "hf" / "model.safetensors")
     saved = torch.load(checkpoint.find(run) / "mp_rank_00_model_states.pt", weights_only=False)["module"]
@@ -154,10 +153,10 @@ def test_a_zenflow_checkpoint_exports_the_model_it_trained_and_resumes_only_with
 
     plain = config.load(ROOT / "ds_configs/bench/labs_zero2_offload.json")
     plain["optimizer"]["params"]["lr"] = "auto"                      # the run's own, as the ZenFlow config has it
-    refused = run_labs("train", "--resume", run, "--config", config.write(plain, tmp_path / "plain.json"),
-                       "--steps", 3, "--out", tmp_path / "plain")
+    refused = run_labs("train", "--resume", run, "--config", config.write(plain, tmp_path / "resume_plain.json"),
+                       "--steps", 8, "--out", tmp_path / "refused")
     assert refused.returncode == 2 and "was written with ZenFlow" in refused.stderr, refused.stderr[-2000:]
-    assert not (tmp_path / "plain").exists()
+    assert not (tmp_path / "refused").exists()
 
 
 def test_zenflow_host_shares_each_storage_once_in_place_then_empties_the_cache_then_registers():

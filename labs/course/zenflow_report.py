@@ -42,7 +42,8 @@ LOSS_TOLERANCE = 0.05
 FINETUNE = RESULTS / "gpu" / "zenflow_finetune_1xh200"
 ROUND14 = ("ft_ref", "ft_zf_ui2", "ft_zf", "ft_zf_ui8")
 # Round 15 (2026-12-03, ninth session, another host, tools/gpu_round15*.jobs): round 14 again from `pre` on, each
-# fine-tune for 64 steps, so that every interval lands full updates (interval 8: six) and the loss is compared late.
+# fine-tune for 64 steps, so that every interval lands full updates (interval 8: five by step 64) and the loss is
+# compared late.
 ROUND15 = FINETUNE / "round15"
 ROUND15_RUNS = ("ft_ref64", "ft_zf_ui2_64", "ft_zf64", "ft_zf_ui8_64")
 
@@ -107,7 +108,8 @@ def landed_updates(name: str, folder=FINETUNE) -> list[int]:
 
 
 WINDOW = range(13, 21)          # round 14's common window: steps 13-20, run by every fine-tuning run on the same batches
-WINDOW15 = range(49, 65)        # round 15's: the last 16 steps, after interval 8's third full update has landed
+WINDOW15 = range(49, 65)        # round 15's: the last 16 steps, whole cycles at every interval, after four of interval 8's
+                                # full updates have landed (at steps 24, 32, 40, 48)
 
 
 def window_mean(losses: list[float], window=WINDOW) -> float:
@@ -141,6 +143,13 @@ def host_memory(name: str, folder=FOLDER) -> dict:
     found = host_samples.read(folder / name, free_txt=folder / free)
     lines = (folder / name / "job.log").read_text().splitlines()
     return dict(found, labs_lines=[line for line in lines if line.startswith("labs: ZenFlow")])
+
+
+def selection_ms(name: str, folder=FINETUNE) -> list[float]:
+    """DeepSpeed's `selective_optimizer_update` timer (ms) at each step of a ZenFlow run, read from its launch log: the
+    time ZenFlow spent choosing the top-k columns the GPU updates (a few hundredths of a ms when it chose none)."""
+    log = (folder / name / "launch.log").read_text()
+    return [float(ms) for ms in re.findall(r"selective_optimizer_update: ([\d.]+)", log)]
 
 
 def step_timers(name: str, folder=FOLDER) -> list[dict[str, float]]:
