@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from labs import checkpoint, data, env, fsdp, metrics, models, peers, zenflow_host, zenflow_layout
+from labs import checkpoint, cpu_matmul, data, env, fsdp, metrics, models, peers, zenflow_host, zenflow_layout
 
 
 class Instrument:
@@ -123,6 +123,7 @@ def check_finite(step: int, losses: list[float]):
 
 def build_engine(spec: dict, ds_config: dict, device: torch.device):
     """A DeepSpeed engine, or FSDP2 behind the same interface (engine(ids) -> loss, .backward, .step)."""
+    cpu_matmul.enter_if_needed(device)      # bf16 products at fp32 speed on a CPU without bf16 arithmetic (see there)
     models.use_kernels(spec["kernels"])
     models.use_attention(spec.get("sdpa", "default"))
     if spec["engine"] == "fsdp2":

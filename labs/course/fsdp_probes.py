@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 
-from labs import data, models
+from labs import cpu_matmul, data, models
 from labs.env import CPU_ONLY, repaired_environment, skip_shm_comm_op
 
 
@@ -153,6 +153,7 @@ def _bf16_grid(lrs: list[float], steps: int) -> dict:
     import torch
 
     cpu = torch.device("cpu")
+    cpu_matmul.enter_if_needed(cpu)     # a child process: bf16 products at fp32 speed on a CPU without bf16 arithmetic
     batches = list(_take(data.rank_batches(data.pack(data.corpus_tokens(), 64), 4, 0, 1, seed=0), steps))
     built = {name: p.detach().clone() for name, p in
              models.build("tiny", dtype=torch.float32, device=cpu, seed=0).named_parameters()}

@@ -7,9 +7,8 @@
 It trains what `labs train` trains (the model of `labs.models.build`, the batches of `labs.data.rank_batches`, the
 optimizer, schedule and clipping labs resolved, all written by `labs.course.routes` into RUN_DIR/route.json), but
 through the stock APIs: `transformers.Trainer` with `TrainingArguments(deepspeed=...)`, or a plain loop around
-accelerate's `Accelerator`. Each rank writes RUN_DIR/rank<r>.json: its loss, learning rate and gradient norm per
-step, the DeepSpeed config as the engine got it, and the parameter elements it holds.
-"""
+accelerate's `Accelerator`. Each rank writes RUN_DIR/rank<r>.json: its loss, lr and gradient norm per step, the
+DeepSpeed config as the engine got it, and the parameter elements it holds."""
 from __future__ import annotations
 
 import json
@@ -23,7 +22,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 
-from labs import data, env, models
+from labs import cpu_matmul, data, env, models
 from labs.course import route_checks
 from labs.course.route_batches import LabsOrder, TokenRows
 
@@ -275,6 +274,7 @@ def _plain(config: dict) -> dict:
 def main(run_dir: Path):
     spec = json.loads((run_dir / "route.json").read_text())
     env.skip_shm_comm_op()     # before the Trainer or accelerate starts DeepSpeed's comm layer: training never uses it
+    cpu_matmul.enter_if_needed(_device())       # bf16 products at fp32 speed on an AVX2-only CPU (see there)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads())))
     record = trainer_main(run_dir, spec) if spec["route"] == "trainer" else accelerate_main(run_dir, spec)
     rank = int(os.environ["RANK"])
