@@ -46,6 +46,9 @@ ROUND14 = ("ft_ref", "ft_zf_ui2", "ft_zf", "ft_zf_ui8")
 # compared late.
 ROUND15 = FINETUNE / "round15"
 ROUND15_RUNS = ("ft_ref64", "ft_zf_ui2_64", "ft_zf64", "ft_zf_ui8_64")
+# Round 16 (2026-12-03, tenth session, tools/gpu_round16*.jobs): round 15's ZenFlow fine-tunes choosing the top-k
+# columns again at every full update (select_strategy "step"); all failed, so only their job logs are kept.
+ROUND16 = FINETUNE / "round16"
 
 
 def zenflow_runs(names=ROUND4, folder=FOLDER, cycle=4) -> dict[str, dict]:
@@ -146,10 +149,32 @@ def host_memory(name: str, folder=FOLDER) -> dict:
 
 
 def selection_ms(name: str, folder=FINETUNE) -> list[float]:
-    """DeepSpeed's `selective_optimizer_update` timer (ms) at each step of a ZenFlow run, read from its launch log: the
-    time ZenFlow spent choosing the top-k columns the GPU updates (a few hundredths of a ms when it chose none)."""
-    log = (folder / name / "launch.log").read_text()
-    return [float(ms) for ms in re.findall(r"selective_optimizer_update: ([\d.]+)", log)]
+    """DeepSpeed's `selective_optimizer_update` timer (ms) at each step of a ZenFlow run, read from its launch log (or
+    a job log holding the ranks' output): the time ZenFlow spent choosing the top-k columns the GPU updates (a few
+    hundredths of a ms when it chose none)."""
+    log = folder / name
+    log = log / "launch.log" if log.is_dir() else log
+    return [float(ms) for ms in re.findall(r"selective_optimizer_update: ([\d.]+)", log.read_text())]
+
+
+def failed_run(job_log: str, folder=ROUND16) -> dict:
+    """A ZenFlow run that failed, read from its job log (the ranks' whole output, launched without --quiet): the steps
+    it completed (DeepSpeed's per-step timers), the steps at which it chose the top-k columns (over 1 ms), the losses
+    labs printed, and whether the training process found ZenFlow's optimizer process gone."""
+    text = (folder / job_log).read_text()
+    picked = selection_ms(job_log, folder)
+    return dict(steps=text.count("step_microstep"), chosen_at=[k for k, ms in enumerate(picked, start=1) if ms > 1],
+                losses={int(k): float(x) for k, x in re.findall(r"step +(\d+)/\d+ +loss ([\d.]+)", text)},
+                optimizer_process_lost="ZenFlow optimizer process exited during a step" in text)
+
+
+def available_when_lost(samples: str = "diag_sel4_host.txt", folder=ROUND16) -> float:
+    """GiB of host memory available (`free -m`'s last column) at the last sample before the GPU was let go (its
+    memory in use fell below 1 GiB): the host as the optimizer process died, within the 5 s between samples."""
+    lines = (folder / samples).read_text().splitlines()
+    triples = [(int(lines[k + 1].split()[-1]), int(lines[k + 2].split()[0])) for k in range(0, len(lines) - 2, 3)]
+    last_busy = max(k for k, (_, gpu_mib) in enumerate(triples) if gpu_mib >= 1024)
+    return triples[last_busy][0] / 1024
 
 
 def step_timers(name: str, folder=FOLDER) -> list[dict[str, float]]:
