@@ -1,10 +1,11 @@
 """bf16 matrix products on a CPU without native bf16 arithmetic, at fp32 speed and with bf16's result.
 
-A CPU with AVX-512 BF16 or AMX runs a bf16 matmul in oneDNN. One without (AVX2 only: many cloud VMs, and the CI
-machines this course runs on) falls back to PyTorch's reference GEMM, `cpublas_gemm_impl`, which widens each pair
-of bf16 values to fp32 one dot product at a time. On such a CPU the tiny preset's tied 151,936 x 64 embedding made
-its LM head's backward 67x slower in bf16 than in fp32 (6.9 s against 0.10 s for 128 tokens on one core), and a
-training step of 2 x 64 tokens per rank took 7-9 s, nearly all of it in that GEMM (perf: 91% of a rank's time).
+A CPU with AVX-512 BF16 or AMX runs a bf16 matmul in oneDNN. One without (AVX2 only: many cloud VMs, among them
+the AMD EPYC VM this course was developed on, 2026-12-03) falls back to PyTorch's reference GEMM,
+`cpublas_gemm_impl`, which widens each pair of bf16 values to fp32 one dot product at a time. There the tiny
+preset's tied 151,936 x 64 embedding made its LM head's backward 67x slower in bf16 than in fp32 (6.9 s against
+0.10 s for 128 tokens on one core), and a ZeRO-3 step of 2 x 64 tokens per rank took 7-9 s, nearly all of it in that
+GEMM (perf: 91% of a rank's time); with this mode, 1.0 s.
 
 `Bf16MatmulsInFp32` computes the same product the reference GEMM computes: the bf16 operands widened to fp32
 (exactly: every bf16 value is an fp32 value), products summed in fp32, the result rounded once to bf16. Only the
