@@ -18,6 +18,8 @@ It is a TorchDispatchMode, entered for the whole life of a CPU rank.
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -55,7 +57,14 @@ class Bf16MatmulsInFp32(TorchDispatchMode):
 def enter_if_needed(device: torch.device) -> bool:
     """Enter Bf16MatmulsInFp32 for the rest of this process when `device` is a CPU without native bf16 matmuls.
     Returns whether it did."""
+    mode = as_a_rank(device)
+    mode.__enter__()
+    return isinstance(mode, Bf16MatmulsInFp32)
+
+
+def as_a_rank(device: torch.device):
+    """A context with the products a CPU rank computes (Bf16MatmulsInFp32 where enter_if_needed would enter it), for
+    recomputing a rank's forward in this process bit for bit."""
     if torch.device(device).type != "cpu" or native_bf16_matmul():
-        return False
-    Bf16MatmulsInFp32().__enter__()
-    return True
+        return contextlib.nullcontext()
+    return Bf16MatmulsInFp32()

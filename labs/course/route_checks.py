@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from labs import config as config_lib
-from labs import data, models
+from labs import cpu_matmul, data, models
 from labs.course.tutorial_snippets import quiet_deepspeed
 
 
@@ -156,7 +156,7 @@ def _forward(weights, spec, step, rank) -> float:
     batches = data.rank_batches(rows, spec["hyper"]["micro_batch"], rank, spec["nproc"], spec["seed"])
     for _ in range(step):
         batch = next(batches)
-    with torch.no_grad():
+    with torch.no_grad(), cpu_matmul.as_a_rank(torch.device("cpu")):     # the products the rank computed
         return model(input_ids=batch, labels=batch).loss.item()
 
 
