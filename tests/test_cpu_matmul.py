@@ -40,6 +40,8 @@ def test_the_mode_leaves_autograd_and_other_dtypes_alone():
     assert torch.allclose(w.grad.float(), w2.grad.float(), rtol=2**-6, atol=1e-2)
 
 
-def test_entered_only_on_a_cpu_without_native_bf16():
+def test_a_rank_enters_the_mode_only_on_a_cpu_without_native_bf16():
+    native = cpu_matmul.native_bf16_matmul()
+    assert isinstance(cpu_matmul.as_a_rank(torch.device("cpu")), cpu_matmul.Bf16MatmulsInFp32) is not native
+    assert not isinstance(cpu_matmul.as_a_rank(torch.device("meta")), cpu_matmul.Bf16MatmulsInFp32)
     assert cpu_matmul.enter_if_needed(torch.device("meta")) is False
-    assert isinstance(cpu_matmul.native_bf16_matmul(), bool)
