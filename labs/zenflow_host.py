@@ -25,6 +25,14 @@ temporary), into a new pageable block that then crosses PCIe: 1.7-2.1 s per upda
 labs creates the stale copy itself, shared and page-locked with the rest, and replaces that one copy with
 `copy_in_chunks`: fp32 chunks go by DMA from page-locked memory into a GPU staging block and the GPU casts them,
 without a full-size fp32 temporary on the GPU. Same values (the cast rounds the same way on either side).
+
+A third, for the step that chooses the GPU's top-k columns again (`select_strategy` "step"): DeepSpeed first refreshes
+the fp32 master partition from the GPU's bf16 weights with `fp32.copy_(bf16.to(fp32, cpu))`, which builds the whole
+partition twice more in pageable host memory (a bf16 landing block and its fp32 cast: 6 bytes per parameter, 18.5 GB on
+the 3B shape) while the optimizer process holds its moments. In round 16 that was the step where the host ran out
+(5.1 GiB available, then 52 GiB freed at once, results/gpu/zenflow_finetune_1xh200/round16). labs replaces that copy
+with `copy_to_host_in_chunks`: the GPU casts each chunk into a staging block, which crosses PCIe into the page-locked
+partition. Same values: a bf16 value is exact in fp32, wherever it is cast.
 """
 from __future__ import annotations
 
@@ -68,6 +76,40 @@ def copy_in_chunks(dst: torch.Tensor, src: torch.Tensor, chunk_elements: int = 6
         flat_dst[start:start + n].copy_(staging[:n])
     if dst.is_cuda:
         torch.cuda.current_stream(dst.device).synchronize()
+
+
+def copy_to_host_in_chunks(dst: torch.Tensor, src: torch.Tensor, chunk_elements: int = 64 * 2**20) -> None:
+    """dst.copy_(src) for a bf16 tensor on the GPU into an fp32 host tensor, with no full-size temporary anywhere: chunk
+    by chunk the GPU casts into one staging block (256 MiB at the default) whose copy to dst, asynchronous where dst is
+    page-locked, is queued on the same stream, so the next chunk's cast waits for it. Then it waits for the last."""
+    assert dst.device.type == "cpu" and src.is_contiguous() and dst.is_contiguous(), (src.device, dst.device)
+    assert src.numel() == dst.numel(), f"{src.numel()} parameters for {dst.numel()} fp32 values"
+    flat_src, flat_dst = src.view(-1), dst.view(-1)
+    staging = torch.empty(min(chunk_elements, src.numel()), dtype=dst.dtype, device=src.device)
+    for start in range(0, src.numel(), staging.numel()):
+        n = min(staging.numel(), src.numel() - start)
+        staging[:n].copy_(flat_src[start:start + n])
+        flat_dst[start:start + n].copy_(staging[:n], non_blocking=src.is_cuda)
+    if src.is_cuda:
+        torch.cuda.current_stream(src.device).synchronize()
+
+
+# DeepSpeed 0.19.8's ZenFlowZeroOptimizer.sync_fp32_param_from_gpu (same file, Apache-2.0) hashes to this.
+SYNC_RESTATED_SHA256 = "f92b8907be6474b9"
+
+
+def sync_fp32_param_from_gpu(self):
+    """ZeRO-1/2 ZenFlow's refresh of the fp32 master partition from the GPU's bf16 weights, at a step that chooses the
+    top-k columns again, as DeepSpeed 0.19.8 writes it except the line marked."""
+    from deepspeed import comm as dist
+
+    if self.micro_step == 0:
+        return
+    for i in range(len(self.bit16_groups)):
+        partition_id = dist.get_rank(group=self.real_dp_process_group[i])
+        with torch.no_grad():
+            copy_to_host_in_chunks(self.single_partition_of_fp32_groups[i],            # the change
+                                   self.parallel_partitioned_bit16_groups[i][partition_id])
 
 
 # DeepSpeed 0.19.8's ZenFlowZeroOptimizerParallel.wait_last_update_and_copy (runtime/zenflow/zenflow_stage_1_and_2.py,
@@ -147,18 +189,23 @@ def _empty_pinned_cache():
 
 
 def install() -> None:
-    """Give ZeRO-1/2's overlapped ZenFlow labs' wait_last_update_and_copy (on any device: on a CPU its copy is a
-    plain chunked copy, which the CPU tests run), and on CUDA wrap start_optimizer_process where ZeRO-1/2 and ZeRO-3's
-    ZenFlow call it (on a CPU nothing is pinned). Idempotent."""
+    """Give ZeRO-1/2's ZenFlow labs' wait_last_update_and_copy and sync_fp32_param_from_gpu (on any device: on a
+    CPU their copies are plain chunked copies, which the CPU tests run), and on CUDA wrap start_optimizer_process where
+    ZeRO-1/2 and ZeRO-3's ZenFlow call it (on a CPU nothing is pinned). Idempotent."""
     from deepspeed.accelerator import get_accelerator
     from deepspeed.runtime.zenflow import engine_stage3, zenflow_stage_1_and_2
 
-    parallel = zenflow_stage_1_and_2.ZenFlowZeroOptimizerParallel
-    if parallel.wait_last_update_and_copy is not wait_last_update_and_copy:
-        if source_sha256(parallel.wait_last_update_and_copy) == RESTATED_SHA256:
-            parallel.wait_last_update_and_copy = wait_last_update_and_copy
-        else:       # another DeepSpeed: its copy stays, slower but its own
-            print("labs: this DeepSpeed's ZenFlow copy-back is not the one labs.zenflow_host restates (0.19.8's): "
+    for cls, name, ours, sha, what in (
+            (zenflow_stage_1_and_2.ZenFlowZeroOptimizerParallel, "wait_last_update_and_copy",
+             wait_last_update_and_copy, RESTATED_SHA256, "copy-back"),
+            (zenflow_stage_1_and_2.ZenFlowZeroOptimizer, "sync_fp32_param_from_gpu",
+             sync_fp32_param_from_gpu, SYNC_RESTATED_SHA256, "refresh of the master weights")):
+        if getattr(cls, name) is ours:
+            continue
+        if source_sha256(getattr(cls, name)) == sha:
+            setattr(cls, name, ours)
+        else:       # another DeepSpeed: its own method stays
+            print(f"labs: this DeepSpeed's ZenFlow {what} is not the one labs.zenflow_host restates (0.19.8's): "
                   "left as it is", file=sys.stderr, flush=True)
 
     original = zenflow_stage_1_and_2.start_optimizer_process

@@ -191,25 +191,45 @@ def test_copy_in_chunks_gives_what_a_plain_cast_copy_gives():
         zenflow_host.copy_in_chunks(torch.empty(1000, dtype=torch.bfloat16), src[:999])
 
 
-def test_labs_restates_the_deepspeed_it_runs_with_and_installs_its_copy_back():
-    """The copy-back labs puts in place restates DeepSpeed 0.19.8's method: the installed DeepSpeed's source must be
-    the one restated (else install() leaves DeepSpeed's and says so), and install() puts labs' in place."""
+def test_copy_to_host_in_chunks_gives_the_bf16_values_exactly_in_fp32():
+    """labs.zenflow_host.copy_to_host_in_chunks (the refresh of the master weights when ZenFlow chooses its columns
+    again) against torch's own bf16 -> fp32 copy_, chunks dividing the tensor or not; every bf16 value is exact in
+    fp32, so the result must equal it bit for bit."""
+    src = (torch.randn(1000) * 1e3 + 1 / 3).to(torch.bfloat16)
+    for chunk in (7, 256, 4096):
+        dst = torch.full((1000,), float("nan"))
+        zenflow_host.copy_to_host_in_chunks(dst, src, chunk_elements=chunk)
+        assert torch.equal(dst, src.float()), chunk
+    with pytest.raises(AssertionError, match="999 parameters for 1000 fp32 values"):
+        zenflow_host.copy_to_host_in_chunks(torch.empty(1000), src[:999])
+
+
+def test_labs_restates_the_deepspeed_it_runs_with_and_installs_its_methods():
+    """The copy-back and the master-weight refresh labs puts in place restate DeepSpeed 0.19.8's methods: the installed
+    DeepSpeed's source must be the one restated (else install() leaves DeepSpeed's and says so), and install() puts
+    labs' in place."""
     from deepspeed.runtime.zenflow import zenflow_stage_1_and_2 as ds
-    parallel = ds.ZenFlowZeroOptimizerParallel
-    original = parallel.wait_last_update_and_copy
+    methods = [(ds.ZenFlowZeroOptimizerParallel, "wait_last_update_and_copy", zenflow_host.RESTATED_SHA256),
+               (ds.ZenFlowZeroOptimizer, "sync_fp32_param_from_gpu", zenflow_host.SYNC_RESTATED_SHA256)]
+    originals = [cls.__dict__[name] for cls, name, _ in methods]
     try:
-        if original is not zenflow_host.wait_last_update_and_copy:
-            assert zenflow_host.source_sha256(original) == zenflow_host.RESTATED_SHA256
+        for (cls, name, sha), original in zip(methods, originals):
+            if original is not getattr(zenflow_host, name):
+                assert zenflow_host.source_sha256(original) == sha, name
         zenflow_host.install()
-        assert parallel.wait_last_update_and_copy is zenflow_host.wait_last_update_and_copy
+        for cls, name, _ in methods:
+            assert cls.__dict__[name] is getattr(zenflow_host, name), name
     finally:
-        parallel.wait_last_update_and_copy = original
+        for (cls, name, _), original in zip(methods, originals):
+            setattr(cls, name, original)
 
 
 def test_zenflow_with_the_overlapped_step_trains(tmp_path):
-    """overlap_step: true, CPU Adam in ZenFlow's second process (on a CPU labs.zenflow_host stays out: nothing is
-    pinned). The run ends, its optimizer process with it, and the loss falls."""
-    result = run_labs("train", "--preset", "tiny", "--config", _zenflow_config(tmp_path, update_interval=1),
+    """overlap_step: true, CPU Adam in ZenFlow's second process (on a CPU labs.zenflow_host's pinning stays out:
+    nothing is pinned), choosing its top-k columns again every 2 steps (labs' refresh of the master weights). The run
+    ends, its optimizer process with it, and the loss falls."""
+    config_path = _zenflow_config(tmp_path, update_interval=1, select_strategy="step", select_interval=2)
+    result = run_labs("train", "--preset", "tiny", "--config", config_path,
                       "--nproc", 1, "--steps", 6, "--lr", 1e-2, "--out", tmp_path / "zf", "--quiet", timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     losses = _losses(tmp_path / "zf")
