@@ -27,12 +27,12 @@ labs creates the stale copy itself, shared and page-locked with the rest, and re
 without a full-size fp32 temporary on the GPU. Same values (the cast rounds the same way on either side).
 
 A third, for the step that chooses the GPU's top-k columns again (`select_strategy` "step"): DeepSpeed first refreshes
-the fp32 master partition from the GPU's bf16 weights with `fp32.copy_(bf16.to(fp32, cpu))`, which builds the whole
-partition twice more in pageable host memory (a bf16 landing block and its fp32 cast: 6 bytes per parameter, 18.5 GB on
-the 3B shape) while the optimizer process holds its moments. In round 16 that was the step where the host ran out
-(5.1 GiB available, then 52 GiB freed at once, results/gpu/zenflow_finetune_1xh200/round16). labs replaces that copy
-with `copy_to_host_in_chunks`: the GPU casts each chunk into a staging block, which crosses PCIe into the page-locked
-partition. Same values: a bf16 value is exact in fp32, wherever it is cast.
+the fp32 master partition from the GPU's bf16 weights with `fp32.copy_(bf16.to(fp32, cpu))`, whose `.to` builds a whole
+new fp32 partition in pageable host memory while the optimizer process holds its moments: the training rank grew by
+4.0 bytes per parameter at each choice, 11.5 GiB on the 3B shape, and the host ran out, so the kernel ended the
+optimizer process (round 17's control; round 16's failures, results/gpu/zenflow_finetune_1xh200). labs replaces that
+copy with `copy_to_host_in_chunks`: the GPU casts each chunk into a staging block, which crosses PCIe into the
+page-locked partition. Same values: a bf16 value is exact in fp32, wherever it is cast.
 """
 from __future__ import annotations
 

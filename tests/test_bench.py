@@ -206,6 +206,10 @@ def test_readme_quotes_the_recorded_round_2_numbers():
     expected += [f"interval 2 is {t15['gaps']['ft_zf_ui2_64']:.2f} nats above", f"interval 4 {t15['gaps']['ft_zf64']:.2f} and",
                  f"interval 8 {t15['gaps']['ft_zf_ui8_64']:.2f}, with",
                  ", ".join(str(len(t15["landed"][n])) for n in ("ft_zf_ui2_64", "ft_zf64")) + f" and {len(t15['landed']['ft_zf_ui8_64'])} full"]
+    t17 = zr.round17_target()
+    expected += [f"interval 4 {t17['gaps']['ft_zf_sel4_64']:+.2f} nats against {t17['gaps']['ft_zf64']:+.2f} choosing once",
+                 f"at {t17['hidden']['ft_zf_sel4_64']:.1%} of no", f"against {t17['hidden']['ft_zf64']:.1%}.",
+                 f"control: {zr.refresh_memory('ctl_sel4_stock_sync')['least_available_gib']:.1f} GiB left)"]
     from labs.course import one_gpu_report as one
     for row in one.best_vs_best():
         expected += [f"{row['stock_tokens_per_s']:,.0f}", f"{row['labs_tokens_per_s']:,.0f}", f"{row['ratio']:.2f}x",

@@ -416,4 +416,45 @@ def test_round_16_measured_the_link_views_and_kept_the_failed_reselection_runs()
     assert tiny["chosen_at"] == [1, 5, 9, 13, 17, 21, 25] and tiny["steps"] == 28 and not tiny["optimizer_process_lost"]
     readme = (z.FINETUNE / "README.md").read_text().split("## Round 16")[1]
     assert "steps 1, 5, 9 and 13 and completed 15 steps" in readme
-    assert f"host had {z.available_when_lost():.0f} GiB available" in readme
+    low = z.host_low()
+    assert low["least_available_gib"] < 6 and low["freed_by_next_sample_gib"] > 45       # an optimizer process's size
+    assert f"{low['least_available_gib']:.1f} GiB available at {low['at']}" in readme
+    assert f"{low['freed_by_next_sample_gib']:.0f} GiB more five seconds later" in readme
+
+
+def test_round_17_found_the_refresh_that_ran_the_host_out_and_measured_choosing_again():
+    """Round 17: the control (DeepSpeed's own refresh of the master weights at each choice) failed as round 16 did,
+    its training rank's private memory growing by the refresh's pageable fp32 copy while the host ran out;
+    with labs' refresh the rank's memory stayed flat and both fine-tunes that choose again ran 64 steps. The runs are
+    like for like (same weights, batches and first loss; each side at its fastest batch), no offload and choosing once
+    repeat round 15's, and the README's figures are what round17_target computes."""
+    from labs.course import zenflow_report as z
+
+    control = z.failed_run("ctl_sel4_stock_sync/job.log", z.ROUND17)
+    assert control["optimizer_process_lost"] and control["chosen_at"] == [1, 5, 9, 13] and control["steps"] == 15
+    assert "DeepSpeed 0.19.8s own sync_fp32_param_from_gpu kept" in (z.ROUND17 / "ctl_sel4_stock_sync/job.log").read_text()
+    runs = z.finetune_runs(z.ROUND17, z.ROUND17_RUNS)
+    ctl = z.refresh_memory("ctl_sel4_stock_sync")
+    assert ctl["least_available_gib"] < 4
+    # DeepSpeed's refresh: one pageable fp32 copy of the partition, 4 bytes per parameter
+    growth = ctl["rank_private_peak_gib"] - ctl["rank_private_at_start_gib"]
+    assert growth == pytest.approx(4 * runs["ft_zf64"]["params"] / 2**30, rel=0.02)
+    for name, choices in (("ft_zf_sel4_64", 16), ("ft_zf_ui8_sel8_64", 8)):
+        fixed = z.refresh_memory(name)
+        assert fixed["rank_private_peak_gib"] - fixed["rank_private_at_start_gib"] < 0.1 and fixed["least_available_gib"] > 10
+        assert len(runs[name]["losses"]) == 64
+        assert sum(ms > 1 for ms in z.selection_ms(name, z.ROUND17)) == choices
+    firsts = [runs[name]["losses"][0] for name in z.ROUND17_RUNS]
+    assert max(firsts) - min(firsts) < 1e-3
+    assert {runs[name]["tokens_per_step"] for name in z.ROUND17_RUNS} == {32768}
+    before = z.finetune_runs(z.ROUND15, ("ft_ref64", "ft_zf64"))
+    for name in ("ft_ref64", "ft_zf64"):
+        assert abs(z.window_mean(runs[name]["losses"], z.WINDOW15) - z.window_mean(before[name]["losses"], z.WINDOW15)) < 0.05
+    target = z.round17_target()
+    assert not target["met"]
+    assert target["gaps"]["ft_zf_sel4_64"] > target["gaps"]["ft_zf64"]          # choosing again widened the gap
+    readme = (z.FINETUNE / "README.md").read_text().split("## Round 17")[1]
+    for name in ("ft_zf64", "ft_zf_sel4_64", "ft_zf_ui8_sel8_64"):
+        assert f"{target['gaps'][name]:+.2f}" in readme and f"{target['hidden'][name]:.1%}" in readme, name
+    for figure in (f"{ctl['least_available_gib']:.1f} GiB available", f"{ctl['optimizer_private_gib']:.1f} GiB private"):
+        assert figure in readme, figure

@@ -245,4 +245,4 @@ def targets() -> list[dict]:
              measured=", ".join(f"{p['side']} {p['pick_over_best']:.2f}" for p in picks),
              met=all(p["pick_over_best"] >= 0.95 for p in picks)),
     ] + offload_targets() + [zenflow_report.round12_target(), zenflow_report.round14_target(),
-                             zenflow_report.round15_target()]
+                             zenflow_report.round15_target(), zenflow_report.round17_target()]

@@ -18,7 +18,8 @@ def read(run_dir: Path, free_txt: Path | None = None) -> dict:
     `free_txt`), its least available memory (GiB), and per (role, "RssAnon" | "RssShmem") both the largest value over
     the run (`peaks`) and the value at the second the host was tightest (`at_tightest`). Peaks of different processes
     need not coincide, and a process's shared pages count in every process that maps them: sum `at_tightest`'s
-    private figures and one copy of the shared ones, not the peaks."""
+    private figures and one copy of the shared ones, not the peaks. `timeline`: per second, from the first sample,
+    the available memory and the per-role figures (GiB)."""
     free_txt = run_dir / "free.txt" if (run_dir / "free.txt").exists() else free_txt
     total_gib = next(float(line.split()[1]) for line in free_txt.read_text().splitlines() if line.startswith("Mem:"))
     roles, avail_kib, per_second = {}, {}, defaultdict(dict)
@@ -37,5 +38,9 @@ def read(run_dir: Path, free_txt: Path | None = None) -> dict:
     for sample in per_second.values():
         for key, gib in sample.items():
             peaks[key] = max(peaks.get(key, 0.0), gib)
+    start = min(int(second) for second in avail_kib)
+    timeline = [dict(second=int(s) - start, available_gib=avail_kib[s] / 2**20, **{" ".join(k): v for k, v in
+                                                                                  per_second.get(s, {}).items()})
+                for s in sorted(avail_kib, key=int)]
     return dict(total_gib=total_gib, least_available_gib=avail_kib[tightest] / 2**20, peaks=peaks,
-                at_tightest=per_second.get(tightest, {}))
+                at_tightest=per_second.get(tightest, {}), timeline=timeline)

@@ -8,6 +8,7 @@ speed per run, what the host's OOM killer reported before labs.zenflow_host, and
     zenflow_report.step_timers("zf_fast20")            # round 12: DeepSpeed's timers per step, from the job's log
     zenflow_report.finetune_runs()                     # round 14: fine-tuning weights labs trained, at intervals 2, 4, 8
     zenflow_report.finetune_runs(ROUND15, ROUND15_RUNS)  # round 15: the same fine-tunes over 64 steps, on another host
+    zenflow_report.refresh_memory("ft_zf_sel4_64")     # round 17: the host when ZenFlow chooses its columns again
 """
 from __future__ import annotations
 
@@ -93,6 +94,13 @@ def update_interval(name: str, folder=FINETUNE) -> int | None:
     return zenflow["update_interval"] if zenflow else None
 
 
+def choosing(name: str, folder=FINETUNE) -> str:
+    """", choosing every N steps" for a ZenFlow run that chooses its top-k columns again (select_strategy "step"),
+    else "" (DeepSpeed's "auto": once, at step 1, under labs)."""
+    zenflow = json.loads((folder / name / "ds_config.json").read_text())["zero_optimization"]["zenflow"]
+    return f", choosing every {zenflow['select_interval']} steps" if zenflow["select_strategy"] == "step" else ""
+
+
 def finetune_runs(folder=FINETUNE, names=ROUND14) -> dict[str, dict]:
     """zenflow_runs for a round's fine-tuning runs (the first is labs without offload) and the run that trained their
     weights (`pre`), each over whole cycles of its own update_interval (no offload and `pre` over steps 5 on, as
@@ -168,13 +176,49 @@ def failed_run(job_log: str, folder=ROUND16) -> dict:
                 optimizer_process_lost="ZenFlow optimizer process exited during a step" in text)
 
 
-def available_when_lost(samples: str = "diag_sel4_host.txt", folder=ROUND16) -> float:
-    """GiB of host memory available (`free -m`'s last column) at the last sample before the GPU was let go (its
-    memory in use fell below 1 GiB): the host as the optimizer process died, within the 5 s between samples."""
+def host_low(samples: str = "diag_sel4_host.txt", folder=ROUND16) -> dict:
+    """Round 16's diagnostic samples, every 5 s (the time, `free -m`'s Mem line, the GPU's memory in use): the least
+    host memory available (GiB) and when, how much more was available at the next sample, and what was available at
+    the last sample before the GPU was let go (its memory in use below 1 GiB)."""
     lines = (folder / samples).read_text().splitlines()
-    triples = [(int(lines[k + 1].split()[-1]), int(lines[k + 2].split()[0])) for k in range(0, len(lines) - 2, 3)]
-    last_busy = max(k for k, (_, gpu_mib) in enumerate(triples) if gpu_mib >= 1024)
-    return triples[last_busy][0] / 1024
+    samples = [(lines[k], int(lines[k + 1].split()[-1]) / 1024, int(lines[k + 2].split()[0]))
+               for k in range(0, len(lines) - 2, 3)]
+    low = min(range(len(samples)), key=lambda k: samples[k][1])
+    last_busy = max(k for k, (_, _, gpu_mib) in enumerate(samples) if gpu_mib >= 1024)
+    return dict(least_available_gib=samples[low][1], at=samples[low][0],
+                freed_by_next_sample_gib=samples[low + 1][1] - samples[low][1],
+                available_at_last_busy_sample_gib=samples[last_busy][1])
+
+
+ROUND17 = FINETUNE / "round17"
+ROUND17_RUNS = ("ft_ref64", "ft_zf64", "ft_zf_sel4_64", "ft_zf_ui8_sel8_64")
+RANK, ZF = "training rank", "ZenFlow's optimizer process"
+
+
+def refresh_memory(name: str, folder=ROUND17) -> dict:
+    """A round 17 run's host, sampled every second (host_samples): the least available memory (GiB), the training
+    rank's private memory at that second, at its peak and at its start (while ZenFlow's process runs), the optimizer
+    process's at that second, and the available memory at the first second the optimizer process was no longer seen
+    while the rank was (None: it outlived the training)."""
+    found = host_samples.read(folder / name, free_txt=folder / "host_memory.txt")
+    timeline = found["timeline"]
+    alive = [k for k, t in enumerate(timeline) if f"{ZF} RssAnon" in t]
+    gone = next((t for t in timeline[alive[-1] + 1:] if f"{RANK} RssAnon" in t), None)
+    # the rank's peak while the optimizer process ran, and the second after it was last seen (loading the model
+    # before it starts takes more)
+    while_alive = [t.get(f"{RANK} RssAnon", 0.0) for t in timeline[alive[0]:alive[-1] + 2]]
+    return dict(least_available_gib=found["least_available_gib"],
+                rank_private_gib=found["at_tightest"][(RANK, "RssAnon")],
+                rank_private_peak_gib=max(while_alive),
+                rank_private_at_start_gib=timeline[alive[0]][f"{RANK} RssAnon"],
+                optimizer_private_gib=found["at_tightest"].get((ZF, "RssAnon"), 0.0),
+                available_once_gone_gib=gone["available_gib"] if gone else None)
+
+
+def round17_target() -> dict:
+    """round14_target over round 17's fine-tunes on one host: no offload, ZenFlow choosing its columns once, and
+    choosing them again at every full update at intervals 4 and 8, the loss judged over steps 49-64."""
+    return round14_target(ROUND17, ROUND17_RUNS, WINDOW15, "round 17, 64 steps")
 
 
 def step_timers(name: str, folder=FOLDER) -> list[dict[str, float]]:
@@ -242,8 +286,9 @@ def round14_target(folder=FINETUNE, names=ROUND14, window=WINDOW, label="round 1
     intervals = {name: update_interval(name, folder) for name in zenflow}
     return dict(target=f"ZenFlow fine-tuning ({label}, same host): tokens/s >= 90% of no offload's, loss (mean of "
                        f"steps {window[0]}-{window[-1]}) within {LOSS_TOLERANCE} of no offload's",
-                measured="; ".join(f"update_interval {intervals[n]}: {hidden[n]:.1%} of no offload's tokens/s, loss "
-                                   f"{gaps[n]:+.2f}, {len(landed[n])} full updates felt by step {window[-1]}"
+                measured="; ".join(f"update_interval {intervals[n]}{choosing(n, folder)}: {hidden[n]:.1%} of no "
+                                   f"offload's tokens/s, loss {gaps[n]:+.2f}, {len(landed[n])} full updates felt by "
+                                   f"step {window[-1]}"
                                    for n in zenflow),
                 met=any(hidden[n] >= 0.9 and gaps[n] <= LOSS_TOLERANCE for n in zenflow),
                 hidden=hidden, gaps=gaps, landed=landed, intervals=intervals)
