@@ -34,3 +34,27 @@ def test_labs_runs_moves_the_chapters_runs():
     moved = subprocess.run(probe, capture_output=True, text=True, env=dict(env, LABS_RUNS="/tmp/elsewhere"),
                            cwd=ROOT).stdout.strip()
     assert (default, moved) == (str(ROOT / "runs"), "/tmp/elsewhere")
+
+
+def test_cpu_ranks_ask_glibc_for_huge_pages_unless_the_user_chose(tmp_path):
+    """On a machine without CUDA the ranks' environment asks glibc for transparent huge pages (labs.env: the kernel
+    then zeroes a rank's fresh memory 2 MiB at a time); a user's own GLIBC_TUNABLES is kept. Where the kernel allows
+    THP on request, a process started with it really gets huge pages for a large buffer, and one without does not."""
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("GPU ranks keep glibc's defaults")
+    ranks, _ = env.repaired_environment(2, cpu_offload=False, base={})
+    assert ranks["GLIBC_TUNABLES"] == env.MALLOC_TUNABLES == "glibc.malloc.hugetlb=1"
+    mine, _ = env.repaired_environment(2, cpu_offload=False, base={"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"})
+    assert mine["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2"
+    thp = "/sys/kernel/mm/transparent_hugepage/enabled"
+    if not os.path.exists(thp) or "[never]" in open(thp).read():
+        pytest.skip("this kernel gives no transparent huge pages")
+    touch = ("b = bytearray(64 << 20)\nfor i in range(0, len(b), 4096): b[i] = 1\n"
+             "print(next(int(l.split()[1]) for l in open('/proc/self/smaps_rollup') if l.startswith('AnonHugePages')))")
+    huge_kib = {tunables: int(subprocess.run([sys.executable, "-c", touch], capture_output=True, text=True, check=True,
+                                             env=dict(os.environ, GLIBC_TUNABLES=tunables)).stdout)
+                for tunables in ("", env.MALLOC_TUNABLES)}
+    assert huge_kib[env.MALLOC_TUNABLES] >= 32 * 1024, huge_kib      # most of the 64 MiB buffer
+    if "[madvise]" in open(thp).read():
+        assert huge_kib[""] == 0, huge_kib                            # only on request
