@@ -107,6 +107,13 @@ def failure_message(work: Path, code: int, oom_kills_before: int | None) -> str:
         rank = min(errors, key=lambda r: errors[r].stat().st_mtime)
         trace = errors[rank].read_text()
         last = next((line for line in reversed(trace.strip().splitlines()) if line.strip()), "")
+        # A process of the rank's own (ZenFlow's optimizer process, a data worker) that the OOM killer ended leaves
+        # no traceback; the rank only finds it gone (round 16's ZenFlow runs, results/gpu/zenflow_finetune_1xh200).
+        oom_now = oom_kills()
+        if oom_kills_before is not None and oom_now is not None and oom_now > oom_kills_before:
+            last += (f"; meanwhile the kernel's OOM killer ended {oom_now - oom_kills_before} process(es) here "
+                     f"(oom_kill {oom_kills_before} -> {oom_now}): a helper process of the rank may have run out of "
+                     "host memory")
         return f"rank {rank} failed: {last} (launcher exit code {code})\n{trace}"
     if failures:
         rank = min(failures)
@@ -115,11 +122,13 @@ def failure_message(work: Path, code: int, oom_kills_before: int | None) -> str:
 
 
 def oom_kills() -> int | None:
-    """How many processes the kernel's OOM killer has killed in this machine's (cgroup v2) memory domain."""
-    with contextlib.suppress(OSError, ValueError):
-        for line in Path("/sys/fs/cgroup/memory.events").read_text().splitlines():
-            if line.startswith("oom_kill "):
-                return int(line.split()[1])
+    """How many processes the kernel's OOM killer has killed in this machine's (cgroup v2) memory domain, else on the
+    whole host (/proc/vmstat, which a container without its own memory.events still reads); None where neither is."""
+    for path in ("/sys/fs/cgroup/memory.events", "/proc/vmstat"):
+        with contextlib.suppress(OSError, ValueError):
+            for line in Path(path).read_text().splitlines():
+                if line.startswith("oom_kill "):
+                    return int(line.split()[1])
     return None
 
 

@@ -95,3 +95,27 @@ def test_sigkill_of_labs_takes_the_ranks_with_it(tmp_path):
     assert returncode == -signal.SIGKILL and seconds < STOP_WITHIN_S
     assert work.exists()          # nobody was left to clean up: the next run at this --out removes it (see
     #                               test_reliability.py::test_publish_replaces_an_earlier_run_and_clears_stale_partials)
+
+
+def test_a_rank_that_raised_while_the_oom_killer_struck_is_told_so(tmp_path, monkeypatch):
+    """A rank whose helper process (ZenFlow's optimizer process) the kernel's OOM killer ended raises without an OOM
+    in its own traceback: the failure line names the rank's error and adds that the machine's oom_kill count rose
+    meanwhile, and says nothing of memory when it did not."""
+    from labs import supervisor
+    (tmp_path / "launch.log").write_text("")
+    (tmp_path / "rank0.err").write_text("Traceback (most recent call last):\n  ...\n"
+                                         "RuntimeError: ZenFlow optimizer process exited during a step\n")
+    monkeypatch.setattr(supervisor, "oom_kills", lambda: 3)
+    line = supervisor.failure_message(tmp_path, 1, 2).splitlines()[0]
+    assert line.startswith("rank 0 failed: RuntimeError: ZenFlow optimizer process exited during a step; meanwhile "
+                           "the kernel's OOM killer ended 1 process(es) here (oom_kill 2 -> 3)"), line
+    assert line.endswith("(launcher exit code 1)")
+    for before in (3, None):
+        assert "OOM" not in supervisor.failure_message(tmp_path, 1, before).splitlines()[0]
+
+
+def test_oom_kills_reads_a_count_where_the_kernel_gives_one():
+    from labs import supervisor
+    count = supervisor.oom_kills()
+    if os.path.exists("/proc/vmstat") and "oom_kill " in open("/proc/vmstat").read():
+        assert isinstance(count, int) and count >= 0
