@@ -156,13 +156,13 @@ def host_memory(name: str, folder=FOLDER) -> dict:
     return dict(found, labs_lines=[line for line in lines if line.startswith("labs: ZenFlow")])
 
 
-def selection_ms(name: str, folder=FINETUNE) -> list[float]:
+def selection_ms(name: str, folder=FINETUNE, timer="selective_optimizer_update") -> list[float]:
     """DeepSpeed's `selective_optimizer_update` timer (ms) at each step of a ZenFlow run, read from its launch log (or
     a job log holding the ranks' output): the time ZenFlow spent choosing the top-k columns the GPU updates (a few
-    hundredths of a ms when it chose none)."""
+    hundredths of a ms when it chose none). `timer="selective_optimizer_sync"`: the refresh of the master weights."""
     log = folder / name
     log = log / "launch.log" if log.is_dir() else log
-    return [float(ms) for ms in re.findall(r"selective_optimizer_update: ([\d.]+)", log.read_text())]
+    return [float(ms) for ms in re.findall(rf"{timer}: ([\d.]+)", log.read_text())]
 
 
 def failed_run(job_log: str, folder=ROUND16) -> dict:
