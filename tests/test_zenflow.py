@@ -453,6 +453,13 @@ def test_round_17_found_the_refresh_that_ran_the_host_out_and_measured_choosing_
     target = z.round17_target()
     assert not target["met"]
     assert target["gaps"]["ft_zf_sel4_64"] > target["gaps"]["ft_zf64"]          # choosing again widened the gap
+    # the two runs that choose again are one curve, and the tiny-model record says why: the refresh, not the choosing,
+    # keeps the weights still (tools/zenflow_refresh_freeze.py)
+    sel4, sel8 = runs["ft_zf_sel4_64"]["losses"], runs["ft_zf_ui8_sel8_64"]["losses"]
+    assert max(abs(a - b) for a, b in zip(sel4, sel8)) < 0.02
+    freeze = json.loads((ROOT / "results/cpu/zenflow_refresh_freeze/result.json").read_text())["changed_share"]
+    assert freeze["chosen_every_4_no_refresh"] == pytest.approx(freeze["chosen_once"], abs=0.005)
+    assert freeze["chosen_every_4"] < freeze["chosen_once"] / 3
     readme = (z.FINETUNE / "README.md").read_text().split("## Round 17")[1]
     for name in ("ft_zf64", "ft_zf_sel4_64", "ft_zf_ui8_sel8_64"):
         assert f"{target['gaps'][name]:+.2f}" in readme and f"{target['hidden'][name]:.1%}" in readme, name

@@ -1,0 +1,82 @@
+"""Does ZenFlow's refresh of the master weights (a choice of columns after the first: DeepSpeed's
+sync_fp32_param_from_gpu, restated by labs.zenflow_host) erase the CPU optimizer's progress? On the tiny preset, one
+CPU rank, 32 steps at lr 1e-5, update_interval 4: the share of the weight matrices' bf16 elements that changed from
+their initial values, for ZenFlow choosing once, choosing again every 4 steps, and choosing again every 4 steps with
+the refresh made a no-op (a sitecustomize, for this measurement only). The initial values come from a run of 1 step
+at lr 1e-30, which moves no weight. Writes results/cpu/zenflow_refresh_freeze/result.json.
+
+    python tools/zenflow_refresh_freeze.py          # about 3 minutes on 2 cores
+"""
+import glob
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from safetensors.torch import load_file
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from labs import config  # noqa: E402
+
+OUT = ROOT / "results" / "cpu" / "zenflow_refresh_freeze"
+LABS = [sys.executable, "-m", "labs"]
+NO_REFRESH = f"import sys\nsys.path.insert(0, {str(ROOT)!r})\nimport labs.zenflow_host as z\n" \
+             "z.sync_fp32_param_from_gpu = lambda self: None\n"
+
+
+def zenflow_config(path: Path, **zenflow) -> str:
+    raw = config.load(ROOT / "ds_configs/bench/labs_zero2_offload_zenflow.json")
+    raw["optimizer"]["params"]["lr"] = "auto"
+    raw["zero_optimization"]["zenflow"].update(update_interval=4, **zenflow)
+    return str(config.write(raw, path))
+
+
+def weights(folder: Path) -> dict:
+    found = {}
+    for f in glob.glob(str(folder / "*.safetensors")):
+        found.update(load_file(f))
+    return {name: t for name, t in found.items() if t.dim() == 2}       # the weight matrices
+
+
+def main():
+    work = Path(tempfile.mkdtemp(prefix="zf_freeze_"))
+    site = work / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(NO_REFRESH)
+    once, again = zenflow_config(work / "once.json"), zenflow_config(work / "again.json", select_strategy="step",
+                                                                     select_interval=4)
+    runs = {"initial": (once, 1, "1e-30", {}), "chosen_once": (once, 32, "1e-5", {}),
+            "chosen_every_4": (again, 32, "1e-5", {}),
+            "chosen_every_4_no_refresh": (again, 32, "1e-5", {"PYTHONPATH": str(site)})}
+    commands, changed = {}, {}
+    for name, (cfg, steps, lr, extra) in runs.items():
+        train = LABS + ["train", "--preset", "tiny", "--config", cfg, "--nproc", "1", "--steps", str(steps), "--lr", lr,
+                        "--save-every", str(steps), "--out", str(work / name), "--quiet"]
+        env = dict(os.environ, **extra)
+        subprocess.run(train, check=True, env=env, cwd=ROOT)
+        subprocess.run(LABS + ["export", str(work / name), str(work / f"{name}_hf")], check=True, cwd=ROOT)
+        commands[name] = " ".join(train[2:]) + (" (refresh made a no-op)" if extra else "")
+    initial = weights(work / "initial_hf")
+    total = sum(t.numel() for t in initial.values())
+    for name in list(runs)[1:]:
+        trained = weights(work / f"{name}_hf")
+        changed[name] = sum((trained[k] != initial[k]).sum().item() for k in initial) / total
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "result.json").write_text(json.dumps({
+        "measured": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": f"{platform.processor() or platform.machine()}, "
+        f"{os.cpu_count()} cores, {platform.platform()}", "labs_commit": subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip(),
+        "how": __doc__.strip().split("\n\n")[0], "commands": commands, "matrix_elements": total,
+        "changed_share": changed}, indent=1) + "\n")
+    shutil.rmtree(work, ignore_errors=True)           # this script's own temporary runs
+    print(json.dumps(changed, indent=1))
+
+
+if __name__ == "__main__":
+    main()
