@@ -42,9 +42,9 @@ def repaired_environment(nproc: int, cpu_offload: bool, base: dict | None = None
         env["DS_ACCELERATOR"] = "cpu"
         # A CPU rank allocates and frees its activations every step, and glibc hands the pages back to the kernel,
         # which zeroes fresh ones one 4 KiB fault at a time: on this course's 2-core VM, 22% of a tiny 2-rank run's
-        # busy CPU samples (perf) were the kernel's clear_page. Transparent huge pages for malloc's memory (glibc >= 2.35; nothing
-        # changes where the kernel's THP is off) took tests/test_train.py from 69 s to 54 s there (user + sys CPU
-        # from 101 s to 76 s). A user's own GLIBC_TUNABLES wins.
+        # busy CPU samples (perf) were the kernel's clear_page. Transparent huge pages for malloc's memory
+        # (glibc >= 2.35; nothing changes where the kernel's THP is off) took tests/test_train.py from 69 s to 54 s
+        # there (user + sys CPU from 101 s to 76 s). A user's own GLIBC_TUNABLES wins.
         env.setdefault("GLIBC_TUNABLES", MALLOC_TUNABLES)
     # DeepSpeed's just-in-time ops are built per Python environment: keep each environment's builds (and their
     # lock files) apart, so two checkouts never wait on, or load, each other's build.

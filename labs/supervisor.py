@@ -95,11 +95,12 @@ def failure_message(work: Path, code: int, oom_kills_before: int | None) -> str:
     # A rank killed by a signal (other than the SIGTERM torchrun sends the rest) is a cause; an exception in a
     # rank whose peer vanished is usually a consequence. Among exceptions, the earliest written is the first.
     killed = sorted(r for r, c in failures.items() if c < 0 and -c != signal.SIGTERM)
+    oom_now = oom_kills()
+    oom_struck = oom_kills_before is not None and oom_now is not None and oom_now > oom_kills_before
     if killed:
         rank, sig = killed[0], -failures[killed[0]]
         how = f"was killed by signal {sig} ({signal.Signals(sig).name})"
-        oom_now = oom_kills()
-        if sig == signal.SIGKILL and oom_kills_before is not None and oom_now is not None and oom_now > oom_kills_before:
+        if sig == signal.SIGKILL and oom_struck:
             how += (f": the kernel's OOM killer (this machine's oom_kill count went {oom_kills_before} -> {oom_now});"
                     " the run needs more memory than there is (check `labs memory`)")
         return f"rank {rank} {how} (launcher exit code {code})"
@@ -109,8 +110,7 @@ def failure_message(work: Path, code: int, oom_kills_before: int | None) -> str:
         last = next((line for line in reversed(trace.strip().splitlines()) if line.strip()), "")
         # A process of the rank's own (ZenFlow's optimizer process, a data worker) that the OOM killer ended leaves
         # no traceback; the rank only finds it gone (round 16's ZenFlow runs, results/gpu/zenflow_finetune_1xh200).
-        oom_now = oom_kills()
-        if oom_kills_before is not None and oom_now is not None and oom_now > oom_kills_before:
+        if oom_struck:
             last += (f"; meanwhile the kernel's OOM killer ended {oom_now - oom_kills_before} process(es) here "
                      f"(oom_kill {oom_kills_before} -> {oom_now}): a helper process of the rank may have run out of "
                      "host memory")

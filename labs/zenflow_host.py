@@ -68,14 +68,21 @@ def copy_in_chunks(dst: torch.Tensor, src: torch.Tensor, chunk_elements: int = 6
     it waits: the optimizer process writes src again as soon as the next update is submitted."""
     assert src.device.type == "cpu" and src.is_contiguous() and dst.is_contiguous(), (src.device, dst.device)
     assert src.numel() == dst.numel(), f"{src.numel()} fp32 values for {dst.numel()} parameters"
+    _through_staging(dst, src, gpu=dst.device, chunk_elements=chunk_elements)
+
+
+def _through_staging(dst: torch.Tensor, src: torch.Tensor, gpu: torch.device, chunk_elements: int) -> None:
+    """The loop both chunked copies share: one fp32 staging block on `gpu`, each chunk copied from src into it and from
+    it into dst, both on the current stream (so the next chunk waits until the block has been read), the copy that
+    crosses PCIe asynchronous; then wait for the last chunk. On a CPU the same loop runs as plain copies."""
     flat_src, flat_dst = src.view(-1), dst.view(-1)
-    staging = torch.empty(min(chunk_elements, src.numel()), dtype=src.dtype, device=dst.device)
+    staging = torch.empty(min(chunk_elements, src.numel()), dtype=torch.float32, device=gpu)
     for start in range(0, src.numel(), staging.numel()):
         n = min(staging.numel(), src.numel() - start)
         staging[:n].copy_(flat_src[start:start + n], non_blocking=True)
-        flat_dst[start:start + n].copy_(staging[:n])
-    if dst.is_cuda:
-        torch.cuda.current_stream(dst.device).synchronize()
+        flat_dst[start:start + n].copy_(staging[:n], non_blocking=True)
+    if gpu.type == "cuda":
+        torch.cuda.current_stream(gpu).synchronize()
 
 
 def copy_to_host_in_chunks(dst: torch.Tensor, src: torch.Tensor, chunk_elements: int = 64 * 2**20) -> None:
@@ -84,14 +91,7 @@ def copy_to_host_in_chunks(dst: torch.Tensor, src: torch.Tensor, chunk_elements:
     page-locked, is queued on the same stream, so the next chunk's cast waits for it. Then it waits for the last."""
     assert dst.device.type == "cpu" and src.is_contiguous() and dst.is_contiguous(), (src.device, dst.device)
     assert src.numel() == dst.numel(), f"{src.numel()} parameters for {dst.numel()} fp32 values"
-    flat_src, flat_dst = src.view(-1), dst.view(-1)
-    staging = torch.empty(min(chunk_elements, src.numel()), dtype=dst.dtype, device=src.device)
-    for start in range(0, src.numel(), staging.numel()):
-        n = min(staging.numel(), src.numel() - start)
-        staging[:n].copy_(flat_src[start:start + n])
-        flat_dst[start:start + n].copy_(staging[:n], non_blocking=src.is_cuda)
-    if src.is_cuda:
-        torch.cuda.current_stream(src.device).synchronize()
+    _through_staging(dst, src, gpu=src.device, chunk_elements=chunk_elements)
 
 
 # DeepSpeed 0.19.8's ZenFlowZeroOptimizer.sync_fp32_param_from_gpu (same file, Apache-2.0) hashes to this.
