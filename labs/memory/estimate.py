@@ -79,7 +79,8 @@ class MemoryEstimate:
 def estimate(preset=None, *, params=None, dims=None, stage=None, gpus_per_node=1, nodes=1, precision=None,
              offload_optimizer=None, offload_param=None, micro_batch=None, grad_accum=None, seq_len=None,
              activation_checkpointing="none", loss="hf", kernels="stock", optimizer="adamw", ds_config=None,
-             engine="deepspeed", largest_layer=None, zero_init=True, host_pinning="torch") -> MemoryEstimate:
+             engine="deepspeed", largest_layer=None, zero_init=True, host_pinning="torch",
+             zenflow_columns="labs") -> MemoryEstimate:
     """Predict per-GPU and per-host bytes. Give a `preset` name, `dims` (labs.models.shape), or only
     `params` (then activations are unknown and reported as 0). `ds_config` (a DeepSpeed config dict, "auto"
     values allowed) supplies the stage, precision, micro-batch, offloads and buffer knobs; without one, the
@@ -89,13 +90,16 @@ def estimate(preset=None, *, params=None, dims=None, stage=None, gpus_per_node=1
     gathered one ahead; no DeepSpeed buffers).
     `host_pinning`: how an offloaded optimizer's `pin_memory: true` buffers are page-locked. "torch" (a GPU host,
     DeepSpeed's default): PyTorch's pinned allocator rounds each up to a power of two; "exact": DeepSpeed's CPU
-    accelerator (nothing is pinned) or `DS_PIN_MEMORY_BACKEND=native` (page-locked at their own size)."""
+    accelerator (nothing is pinned) or `DS_PIN_MEMORY_BACKEND=native` (page-locked at their own size).
+    `zenflow_columns`: how ZenFlow (ZeRO-1/2) keeps the columns it updates on the GPU. "labs" (labs.zenflow_columns,
+    every labs run since round 18): an fp32 master and fp32 moments. "deepspeed" (DeepSpeed 0.19.8 alone, and labs
+    runs recorded before): two bf16 moments."""
     inputs = dict(preset=preset, params=params, dims=dims, stage=stage, gpus_per_node=gpus_per_node, nodes=nodes,
                   precision=precision, offload_optimizer=offload_optimizer, offload_param=offload_param,
                   micro_batch=micro_batch, grad_accum=grad_accum, seq_len=seq_len,
                   activation_checkpointing=activation_checkpointing, loss=loss, kernels=kernels, optimizer=optimizer,
                   ds_config=ds_config, engine=engine, largest_layer=largest_layer, zero_init=zero_init,
-                  host_pinning=host_pinning)
+                  host_pinning=host_pinning, zenflow_columns=zenflow_columns)
     if preset is not None:
         dims = models.shape(models.check_preset(preset))
     if dims is not None:
@@ -160,7 +164,8 @@ def estimate(preset=None, *, params=None, dims=None, stage=None, gpus_per_node=1
         pinned = host_pinning == "torch" and bool((zero.get("offload_optimizer") or {}).get("pin_memory"))
         phases, resident, host_rank, nvme_rank = peak.deepspeed(**args,
                                                                 accumulation=resolved["gradient_accumulation_steps"],
-                                                                pinned_rounding=pinned, zenflow=zero.get("zenflow"))
+                                                                pinned_rounding=pinned, zenflow=zero.get("zenflow"),
+                                                                zenflow_columns=zenflow_columns)
     for p in phases.values():
         p["total"] = sum(p.values())
         for key in p:

@@ -30,12 +30,12 @@ from labs.memory import layout as zero_layout
 
 
 def deepspeed(params, layout, dims, stage, world, d, mixed, state_bytes, offload_optimizer, offload_param, knobs,
-              acts, accumulation=1, pinned_rounding=False, zenflow=None):
+              acts, accumulation=1, pinned_rounding=False, zenflow=None, zenflow_columns="labs"):
     """Returns (phases, resident_per_rank, host_bytes_per_rank, nvme_bytes_per_rank). With gradient accumulation
     the gradients of the earlier micro-batches stay on the GPU through the later ones' forward and backward.
     `pinned_rounding`: the host buffers DeepSpeed pins take a power of two each (PyTorch's pinned allocator, GPUs).
     `zenflow`: the config's `zero_optimization.zenflow` block, or None (labs.memory.host.offloaded_optimizer counts
-    its host side)."""
+    its host side); `zenflow_columns` how it keeps the columns it updates on the GPU (labs.memory.estimate)."""
     # ---- what each rank holds for good once the first step has run
     master = 4 if (mixed or stage >= 1) else 0                 # fp32 ZeRO-1/2/3 still clone an fp32 partition
     bucket = reduce_bucket_bytes(knobs, d, stage=3)            # ZeRO-3's one contiguous gradient bucket
@@ -65,9 +65,12 @@ def deepspeed(params, layout, dims, stage, world, d, mixed, state_bytes, offload
     gpu_share = sum(on_gpu) / partition if on_gpu else 0.0
     optimizer_gpu = gpu_share * optimizer_rank if offload_optimizer else optimizer_rank
     if zenflow and dims and stage in (1, 2):
-        # ZenFlow's GPU Adam for the top-k columns it updates every step; counted whole on every rank (measured on one
-        # GPU, round 15: to the byte; with more ranks an upper bound, not measured)
-        optimizer_gpu += 2 * d * zero_layout.zenflow_selected_elements(dims, zenflow.get("topk_ratio", 0.1))
+        # ZenFlow's GPU Adam for the top-k columns it updates every step; counted whole on every rank (DeepSpeed's
+        # bf16 moments measured on one GPU, round 15: to the byte; with more ranks an upper bound, not measured)
+        # labs.zenflow_columns: an fp32 master and two fp32 moments; DeepSpeed alone (or with `zenflow.offload`, which
+        # labs leaves to it): two moments in the parameters' dtype
+        per_element = 4 + 4 + 4 if zenflow_columns == "labs" and not zenflow.get("offload") else 2 * d
+        optimizer_gpu += per_element * zero_layout.zenflow_selected_elements(dims, zenflow.get("topk_ratio", 0.1))
     host, nvme, staging_gpu = host_bytes.offloaded_optimizer(
         layout, dims, stage, d, partition, optimizer_rank, offload_optimizer, z3 if stage == 3 else None, knobs,
         world, gpu_share, pinned_rounding, accumulation, zenflow)

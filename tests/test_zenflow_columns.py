@@ -1,0 +1,119 @@
+"""labs.zenflow_columns: fp32 masters for the columns ZenFlow updates on the GPU. The pure parts run here on small
+tensors against DeepSpeed's own selective optimizer; tests/test_zenflow.py runs whole ZenFlow trainings with it."""
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from labs import zenflow_columns as zc
+
+
+def _optimizer(param, lr=1e-5):
+    from deepspeed.ops.adam.zenflow_torch_adam import ZenFlowSelectiveAdamW
+    return ZenFlowSelectiveAdamW([{"params": [param]}], lr=lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
+
+
+def _matrix(value=0.02, rows=4, cols=8, chosen=(1, 5)):
+    param = torch.nn.Parameter(torch.full((rows, cols), value, dtype=torch.bfloat16), requires_grad=False)
+    param.selected_indices = torch.tensor(chosen, dtype=torch.int32)       # DeepSpeed's dtype for them
+    return param
+
+
+def _steps(step, param, optimizer, n):
+    for _ in range(n):
+        param.selected_grad = torch.ones(param.shape[0], param.selected_indices.numel(), dtype=torch.bfloat16)
+        step(optimizer, {0: [param]})
+
+
+def test_deepspeeds_bf16_step_leaves_a_weight_of_002_where_it_is_at_lr_1e_5_and_the_fp32_master_moves_it():
+    """20 AdamW steps of about 1e-5 each: every one is under half a bf16 step at 0.02 (6.1e-5), so DeepSpeed's update
+    of the bf16 weight rounds back each time; labs' fp32 master adds them up and the weight moves by 2e-4."""
+    from deepspeed.ops.adam.zenflow_torch_adam import ZenFlowSelectiveAdamW
+
+    bf16 = lambda x: torch.tensor(x).bfloat16()            # noqa: E731
+    assert bf16(0.02 - 1e-5) == bf16(0.02) != bf16(0.02 - 2e-4)      # a bf16 step at 0.02 is 2**-13 = 1.2e-4
+    stock, ours = _matrix(), _matrix()
+    _steps(ZenFlowSelectiveAdamW.group_step, stock, _optimizer(stock), 20)
+    assert (stock == bf16(0.02)).all()
+    optimizer = _optimizer(ours)
+    _steps(zc.group_step, ours, optimizer, 20)
+    start = bf16(0.02).float()                               # 0.0200195...: the weight is bf16 from the start
+    chosen, others = ours[:, [1, 5]].float(), ours[:, [0, 2, 3, 4, 6, 7]]
+    assert chosen.sub(start - 20e-5).abs().max() < 1e-4 and (others == start).all()
+    master = getattr(ours, zc._MASTER)
+    assert master.dtype == torch.float32 and master.shape == (4, 2)
+    assert master.sub(start - 20e-5).abs().max() < 2e-6        # Adam with a steady gradient: lr per step
+    assert optimizer.state[ours]["exp_avg"].dtype == torch.float32
+    assert torch.equal(ours[:, [1, 5]], master.to(torch.bfloat16))
+
+
+def test_a_vector_is_updated_whole_in_fp32():
+    vector = torch.nn.Parameter(torch.ones(6, dtype=torch.bfloat16), requires_grad=False)
+    optimizer = _optimizer(vector)
+    for _ in range(30):                 # a bf16 step at 1.0 is 2**-7: 30 steps of 1e-5 still round to 1.0
+        vector.selected_grad = torch.ones(6, dtype=torch.bfloat16)
+        zc.step_without_offload(optimizer)
+    assert getattr(vector, zc._MASTER).sub(1 - 30e-5).abs().max() < 2e-6
+    assert (vector == 1).all()
+
+
+def test_columns_chosen_again_keep_their_fp32_values_and_new_ones_start_from_the_bf16_weights():
+    param = _matrix(rows=3, cols=6, chosen=(0, 2, 4))
+    param.data = torch.arange(18, dtype=torch.bfloat16).view(3, 6)
+    master = zc.fp32_columns(param)
+    master += 0.25                                            # what fp32 steps would have added
+    assert zc.fp32_columns(param) is master                   # the same choice: the same master
+    param.selected_indices = torch.tensor([2, 3], dtype=torch.int32)
+    again = zc.fp32_columns(param)
+    assert torch.equal(again[:, 0], master[:, 1])             # column 2, kept
+    assert torch.equal(again[:, 1], param.data[:, 3].float())  # column 3, new
+
+
+def _optimizer_stub(params, partition, positions):
+    ids = {id(p): k for k, p in enumerate(params)}
+    return SimpleNamespace(params_in_partition=[params], single_partition_of_fp32_groups=[partition],
+                           grad_position={ids[id(p)]: [0] + pos for p, pos in zip(params, positions)},
+                           get_param_id=lambda p: ids[id(p)], micro_step=4,
+                           selective_optimizer=SimpleNamespace(offload=False))
+
+
+def test_the_refresh_writes_only_the_gpus_values_exactly_where_zenflows_flat_partition_keeps_them():
+    """A rank's fp32 partition that starts 2 elements into a [3, 5] matrix (stored transposed: column j is elements
+    3j .. 3j+2) and ends with 4 elements of a vector. The matrix's column 0 is cut by the partition's edge, so never
+    chosen there; columns 1 and 3 are the GPU's. Everything else keeps the CPU's values."""
+    matrix = _matrix(rows=3, cols=5, chosen=(1, 3))
+    vector = torch.nn.Parameter(torch.zeros(6, dtype=torch.bfloat16), requires_grad=False)
+    setattr(matrix, zc._MASTER, torch.tensor([[1.0, 2.0], [1.5, 2.5], [1.25, 2.25]]) + 1e-3)
+    setattr(matrix, zc._CHOSEN, matrix.selected_indices)
+    setattr(vector, zc._MASTER, torch.arange(6.0) + 1e-3)
+    cpu = torch.full((13 + 4,), -7.0)
+    stub = _optimizer_stub([matrix, vector], cpu, [[2, 0, 13], [0, 13, 4]])
+    zc.sync_fp32_param_from_gpu(stub)
+    expected = torch.full((17,), -7.0)
+    expected[1:4] = torch.tensor([1.0, 1.5, 1.25]) + 1e-3      # column 1: matrix elements 3-5, partition 1-3
+    expected[7:10] = torch.tensor([2.0, 2.5, 2.25]) + 1e-3     # column 3: elements 9-11
+    expected[13:] = torch.arange(4.0) + 1e-3
+    assert torch.equal(cpu, expected)
+    first, count, columns, places = zc.master_positions(matrix, 2, 13)
+    assert (first, count, columns.tolist(), places.tolist()) == (1, 4, [0, 2], [0, 1])
+
+
+def test_labs_restates_the_selective_optimizer_it_runs_with():
+    from deepspeed.ops.adam.zenflow_torch_adam import ZenFlowSelectiveAdamW as adam
+
+    if adam.group_step is not zc.group_step:           # another test may have installed it in this process
+        assert zc.source_sha256(adam.group_step) == zc.GROUP_STEP_SHA256
+        assert zc.source_sha256(adam._step_without_offload) == zc.STEP_SHA256
+
+
+def test_labs_memory_counts_12_bytes_per_chosen_element_where_deepspeed_keeps_4():
+    from labs import config, memory, models
+    from labs.memory.layout import zenflow_selected_elements
+
+    raw = config.load(config.find("bench/labs_zero2_offload_zenflow.json"))
+    ours, stock = (memory.estimate("qwen2.5-3b", ds_config=raw, micro_batch=8, seq_len=4096, zenflow_columns=c)
+                   for c in ("labs", "deepspeed"))
+    assert ours.total_per_gpu_bytes - stock.total_per_gpu_bytes == \
+        8 * zenflow_selected_elements(models.shape("qwen2.5-3b"), 0.1)
+
