@@ -22,11 +22,19 @@ holds alike. Every rank runs the same update on the same values, so all ranks ke
 the CPU's master would not: each rank holds only its own part of it.
 
 Cost on the GPU: 12 bytes per chosen element (master and two moments, all fp32), where DeepSpeed keeps 4 (two bf16
-moments). labs.memory counts it.
+moments); like DeepSpeed's moments, every rank holds them for every chosen column (they are not partitioned).
+labs.memory counts it.
 
-Limits: the refresh races with the CPU's update in flight, as DeepSpeed's own does. The optimizer process may write
-its result for the old columns after the refresh wrote them; then the master keeps the CPU's values for those columns.
-With `zenflow.offload: true` (moments on the host) DeepSpeed's own steps stay, and labs says so.
+A checkpoint saves the host's master partition, where the chosen columns hold the CPU's discarded values; labs writes
+the GPU's masters there first (`state_dict`), so a checkpoint and `labs export` hold the columns the GPU trained.
+
+Limits: with the overlapped step, the refresh at a new choice (step 5 at interval 4) runs while the optimizer process
+is still applying the update submitted one step before, slice by slice, to the same partition. labs writes the GPU's
+masters into the partition and into the copy the process hands back (`stale_param`). Where the process reaches a
+slice after that write, those columns get that update's gradient on top of the GPU's, which already applied it: one
+update counted twice, for the columns leaving the choice. DeepSpeed's own refresh has the same race. A checkpoint
+saved while an update runs has it too (DeepSpeed saves the partition the process is writing). With
+`zenflow.offload: true` (moments on the host) DeepSpeed's own steps stay, and labs says so.
 """
 from __future__ import annotations
 
@@ -148,28 +156,34 @@ def master_positions(param, source_offset: int, num_elements: int):
 
 
 def write_back(self) -> int:
-    """Write the GPU's fp32 masters into this rank's fp32 master partition(s), exactly, at their places. Only what the
-    GPU owned is written; every other weight keeps the CPU's value. Returns the elements written."""
+    """Write the GPU's fp32 masters into this rank's fp32 master partition(s), exactly, at their places, and into the
+    copy the optimizer process hands back (`stale_param`, where it exists: the overlapped step), so that the next
+    copy to the GPU brings them too. Only what the GPU owned is written; every other weight keeps the CPU's value.
+    Returns the elements written."""
     written = 0
     for i, params in enumerate(self.params_in_partition):
-        fp32_partition = self.single_partition_of_fp32_groups[i].data
+        partition = self.single_partition_of_fp32_groups[i]
+        targets = [partition.data] + ([partition.stale_param.data] if hasattr(partition, "stale_param") else [])
         for param in params:
             master = getattr(param, _MASTER, None)
             if master is None:
                 continue
             _, source_offset, dest_offset, num_elements = self.grad_position[self.get_param_id(param)]
             if param.dim() == 1:
-                fp32_partition.narrow(0, dest_offset, num_elements).copy_(
-                    master.narrow(0, source_offset, num_elements))
+                values = master.narrow(0, source_offset, num_elements).to("cpu")
+                for target in targets:
+                    target.narrow(0, dest_offset, num_elements).copy_(values)
                 written += num_elements
                 continue
             first, count, columns, places = master_positions(param, source_offset, num_elements)
             if count <= 0 or columns.numel() == 0:
                 continue
-            block = fp32_partition.narrow(0, dest_offset + first * param.shape[0] - source_offset,
-                                          count * param.shape[0]).view(count, param.shape[0])
-            block.index_copy_(0, columns.cpu(), master[:, places].t().contiguous().to(block.device))
-            written += columns.numel() * param.shape[0]
+            rows = param.shape[0]
+            values, columns = master[:, places].t().contiguous().to("cpu"), columns.cpu()
+            for target in targets:
+                block = target.narrow(0, dest_offset + first * rows - source_offset, count * rows).view(count, rows)
+                block.index_copy_(0, columns, values)
+            written += columns.numel() * rows
     return written
 
 
@@ -182,6 +196,15 @@ def sync_fp32_param_from_gpu(self):
         return
     with torch.no_grad():
         write_back(self)
+
+
+def state_dict(self):
+    """ZenFlowZeroOptimizer.state_dict (what a checkpoint saves), after write_back: the master partition a checkpoint
+    holds, and so `labs export`, then has the chosen columns the GPU trained, not the CPU's discarded values."""
+    if not self.selective_optimizer.offload:
+        with torch.no_grad():
+            write_back(self)
+    return _ORIGINALS["state_dict"](self)
 
 
 def source_sha256(function) -> str | None:
@@ -210,3 +233,5 @@ def install() -> None:
     ZenFlowSelectiveAdamW._step_without_offload = step_without_offload
     _ORIGINALS["sync_fp32_param_from_gpu"] = ZenFlowZeroOptimizer.sync_fp32_param_from_gpu
     ZenFlowZeroOptimizer.sync_fp32_param_from_gpu = sync_fp32_param_from_gpu
+    _ORIGINALS["state_dict"] = ZenFlowZeroOptimizer.state_dict
+    ZenFlowZeroOptimizer.state_dict = state_dict

@@ -88,13 +88,14 @@ def test_the_refresh_writes_only_the_gpus_values_exactly_where_zenflows_flat_par
     setattr(matrix, zc._CHOSEN, matrix.selected_indices)
     setattr(vector, zc._MASTER, torch.arange(6.0) + 1e-3)
     cpu = torch.full((13 + 4,), -7.0)
+    cpu.stale_param = cpu.clone()                  # the copy the optimizer process hands back (overlapped step)
     stub = _optimizer_stub([matrix, vector], cpu, [[2, 0, 13], [0, 13, 4]])
     zc.sync_fp32_param_from_gpu(stub)
     expected = torch.full((17,), -7.0)
     expected[1:4] = torch.tensor([1.0, 1.5, 1.25]) + 1e-3      # column 1: matrix elements 3-5, partition 1-3
     expected[7:10] = torch.tensor([2.0, 2.5, 2.25]) + 1e-3     # column 3: elements 9-11
     expected[13:] = torch.arange(4.0) + 1e-3
-    assert torch.equal(cpu, expected)
+    assert torch.equal(cpu, expected) and torch.equal(cpu.stale_param, expected)
     first, count, columns, places = zc.master_positions(matrix, 2, 13)
     assert (first, count, columns.tolist(), places.tolist()) == (1, 4, [0, 2], [0, 1])
 

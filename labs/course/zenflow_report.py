@@ -75,16 +75,16 @@ def zenflow_runs(names=ROUND4, folder=FOLDER, cycle=4) -> dict[str, dict]:
 
 def peak_records(names=("zf_alloc", "off_alloc"), folder=FOLDER) -> dict[str, dict]:
     """Round 15's allocator records (the peak_allocations instrument, 3 steps of round 12's ZenFlow and plain offload
-    cases): per run the measured peak (torch.cuda.max_memory_allocated), labs.memory's prediction as the code stands,
-    and the groups of blocks alive at the peak, largest first (bytes, blocks, the innermost frame's file:line and
-    function)."""
+    cases): per run the measured peak (torch.cuda.max_memory_allocated), labs.memory's prediction for the code that ran
+    (DeepSpeed's bf16 columns: labs.zenflow_columns came later), and the groups of blocks alive at the peak, largest
+    first (bytes, blocks, the innermost frame's file:line and function)."""
     records = {}
     for name in names:
         record = json.loads((folder / name / "peak_allocations_rank0.json").read_text())
         groups = [dict(bytes=g["bytes"], blocks=g["blocks"], where=g["label"].split(" < ")[0].split("/site/")[-1])
                   for g in record["groups"]]
         records[name] = dict(measured=record["max_memory_allocated_bytes"], groups=groups,
-                             predicted=memory.from_run(folder / name).total_per_gpu_bytes)
+                             predicted=memory.from_run(folder / name, zenflow_columns="deepspeed").total_per_gpu_bytes)
     return records
 
 
