@@ -38,11 +38,11 @@ saved while an update runs has it too (DeepSpeed saves the partition the process
 """
 from __future__ import annotations
 
-import hashlib
-import inspect
 import sys
 
 import torch
+
+from labs.zenflow_host import source_sha256
 
 _MASTER = "_labs_fp32_columns"        # the fp32 master of a parameter's chosen columns (or of a whole vector)
 _CHOSEN = "_labs_fp32_columns_for"    # the selected_indices tensor that master was made for
@@ -205,13 +205,6 @@ def state_dict(self):
         with torch.no_grad():
             write_back(self)
     return _ORIGINALS["state_dict"](self)
-
-
-def source_sha256(function) -> str | None:
-    try:
-        return hashlib.sha256(inspect.getsource(function).encode()).hexdigest()[:16]
-    except (OSError, TypeError):
-        return None
 
 
 def install() -> None:

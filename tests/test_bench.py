@@ -210,6 +210,13 @@ def test_readme_quotes_the_recorded_round_2_numbers():
     expected += [f"interval 4 {t17['gaps']['ft_zf_sel4_64']:+.2f} nats against {t17['gaps']['ft_zf64']:+.2f} choosing once",
                  f"at {t17['hidden']['ft_zf_sel4_64']:.1%} of no", f"against {t17['hidden']['ft_zf64']:.1%}.",
                  f"control: {zr.refresh_memory('ctl_sel4_stock_sync')['least_available_gib']:.1f} GiB left)"]
+    from labs.course import zenflow_columns_report as zc
+    t18, peaks18 = zc.round18_target(), zc.peaks()
+    extra18 = (peaks18["ft_zfc64"]["measured"] - peaks18["ft_zf64_ds"]["measured"]) / 2**30
+    expected += [f"{extra18:.2f} GiB more on the 3B",
+                 f"from {t18['gaps']['ft_zf64_ds']:+.2f} to {t18['gaps']['ft_zfc64']:+.2f} nats choosing once",
+                 f"to {t18['gaps']['ft_zfc_sel4_64']:+.2f}", f"at {t18['hidden']['ft_zfc64']:.1%} and "
+                 f"{t18['hidden']['ft_zfc_sel4_64']:.1%} of no", f"loss of about step {zc.caught_up('ft_zfc64')}."]
     from labs.course import one_gpu_report as one
     for row in one.best_vs_best():
         expected += [f"{row['stock_tokens_per_s']:,.0f}", f"{row['labs_tokens_per_s']:,.0f}", f"{row['ratio']:.2f}x",

@@ -118,3 +118,47 @@ def test_labs_memory_counts_12_bytes_per_chosen_element_where_deepspeed_keeps_4(
     assert ours.total_per_gpu_bytes - stock.total_per_gpu_bytes == \
         8 * zenflow_selected_elements(models.shape("qwen2.5-3b"), 0.1)
 
+
+def test_round_18_ran_like_for_like_and_its_readme_holds_what_chapter_9_computes():
+    """Round 18 on one H200: no offload, ZenFlow with the fix choosing once and every 4 steps, and the control with
+    DeepSpeed's bf16 columns, from the same weights on the same batches (same first loss, same tokens per step). The
+    fix costs the GPU 8 bytes per chosen element, as labs.memory says, and every peak is within 1% of its prediction;
+    the control repeats round 17's run without the fix; the results README's figures are the computed ones."""
+    from labs import models
+    from labs.course import zenflow_columns_report as zc, zenflow_report as z
+    from labs.memory.layout import zenflow_selected_elements
+
+    runs = z.finetune_runs(zc.ROUND18, zc.ROUND18_RUNS)
+    assert len({round(runs[n]["losses"][0], 6) for n in zc.ROUND18_RUNS}) == 1
+    assert len({runs[n]["micro_batch"] * runs[n]["grad_accum"] for n in zc.ROUND18_RUNS}) == 1
+    control_log = (zc.ROUND18 / "ft_zf64_ds" / "job.log").read_text().splitlines()[0]
+    assert "labs.zenflow_columns not installed" in control_log
+    target, peaks = zc.round18_target(), zc.peaks()
+    gaps = target["gaps"]
+    assert gaps["ft_zf64_ds"] - gaps["ft_zfc64"] > 0.3 and not target["met"]
+    assert gaps["ft_zf64_ds"] == pytest.approx(z.round17_target()["gaps"]["ft_zf64"], abs=0.05)
+    extra = peaks["ft_zfc64"]["measured"] - peaks["ft_zf64_ds"]["measured"]
+    assert extra == pytest.approx(8 * zenflow_selected_elements(models.shape("qwen2.5-3b"), 0.1), rel=0.02)
+    assert all(p["measured"] / p["predicted"] == pytest.approx(1, abs=0.01) for p in peaks.values())
+    readme = (z.FINETUNE / "README.md").read_text().split("## Round 18")[1]
+    for name in zc.ROUND18_RUNS[1:]:
+        assert f"| {zc.LABELS[name]}{' (control)' if name == 'ft_zf64_ds' else ''} | " \
+               f"{target['hidden'][name]:.1%} | {gaps[name]:+.2f} | {peaks[name]['measured'] / 2**30:.2f} GiB |" in readme
+    assert f"closes {gaps['ft_zf64_ds'] - gaps['ft_zfc64']:.2f} of the {gaps['ft_zf64_ds']:.2f} nats" in readme
+    assert f"It costs {extra / 2**30:.2f} GiB" in readme
+    assert f"about step {zc.caught_up('ft_zfc64')} (the control:\nstep {zc.caught_up('ft_zf64_ds')})" in readme
+    ours, before = ([ms for ms in z.selection_ms(name, folder, timer="selective_optimizer_sync") if ms > 1]
+                    for name, folder in (("ft_zfc_sel4_64", zc.ROUND18), ("ft_zf_sel4_64", z.ROUND17)))
+    assert f"about {sum(ours) / len(ours):.0f} ms per choice, against {sum(before) / len(before):.0f} ms" in \
+        " ".join(readme.split())
+
+
+def test_the_cpu_measurement_shows_the_chosen_columns_standing_still_and_the_fix_moving_them():
+    from labs.course import zenflow_columns_report as zc
+
+    runs = zc.cpu_shares()["runs"]
+    assert runs["deepspeed_chosen_once"]["chosen"]["moved_share"] < 0.3 < 0.9 < \
+        runs["labs_chosen_once"]["chosen"]["moved_share"]
+    assert runs["labs_chosen_once"]["chosen"]["distance_to_no_offload"] < 0.2 < \
+        runs["deepspeed_chosen_once"]["chosen"]["distance_to_no_offload"]
+    assert runs["labs_chosen_every_4"]["rest"]["moved_share"] > 3 * runs["deepspeed_chosen_every_4"]["rest"]["moved_share"]

@@ -12,7 +12,7 @@ import re
 
 from labs import RESULTS, models
 from labs.bench import results
-from labs.course import zenflow_report
+from labs.course import zenflow_columns_report, zenflow_report
 from labs.metrics import read_jsonl
 from labs.table import Table
 
@@ -245,4 +245,5 @@ def targets() -> list[dict]:
              measured=", ".join(f"{p['side']} {p['pick_over_best']:.2f}" for p in picks),
              met=all(p["pick_over_best"] >= 0.95 for p in picks)),
     ] + offload_targets() + [zenflow_report.round12_target(), zenflow_report.round14_target(),
-                             zenflow_report.round15_target(), zenflow_report.round17_target()]
+                             zenflow_report.round15_target(), zenflow_report.round17_target(),
+                             zenflow_columns_report.round18_target()]
