@@ -5,6 +5,10 @@ their initial values, for ZenFlow choosing once, choosing again every 4 steps, a
 the refresh made a no-op (a sitecustomize, for this measurement only). The initial values come from a run of 1 step
 at lr 1e-30, which moves no weight. Writes results/cpu/zenflow_refresh_freeze/result.json.
 
+labs.zenflow_columns (round 18, later than the record) replaces DeepSpeed's bf16 steps for the chosen columns and this
+refresh. Every run here skips its install (a sitecustomize), so the tool measures what the record measured before it
+existed; tools/zenflow_columns_freeze.py measures both ways.
+
     python tools/zenflow_refresh_freeze.py          # about 3 minutes on 2 cores
 """
 import glob
@@ -26,8 +30,9 @@ from labs import config  # noqa: E402
 
 OUT = ROOT / "results" / "cpu" / "zenflow_refresh_freeze"
 LABS = [sys.executable, "-m", "labs"]
-NO_REFRESH = f"import sys\nsys.path.insert(0, {str(ROOT)!r})\nimport labs.zenflow_host as z\n" \
-             "z.sync_fp32_param_from_gpu = lambda self: None\n"
+DEEPSPEED_COLUMNS = f"import sys\nsys.path.insert(0, {str(ROOT)!r})\nimport labs.zenflow_columns as zc\n" \
+                    "zc.install = lambda: None\n"
+NO_REFRESH = DEEPSPEED_COLUMNS + "import labs.zenflow_host as z\nz.sync_fp32_param_from_gpu = lambda self: None\n"
 
 
 def zenflow_config(path: Path, **zenflow) -> str:
@@ -46,14 +51,16 @@ def weights(folder: Path) -> dict:
 
 def main():
     work = Path(tempfile.mkdtemp(prefix="zf_freeze_"))
-    site = work / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(NO_REFRESH)
+    site, no_refresh = work / "site", work / "no_refresh"
+    for folder, text in ((site, DEEPSPEED_COLUMNS), (no_refresh, NO_REFRESH)):
+        folder.mkdir()
+        (folder / "sitecustomize.py").write_text(text)
     once, again = zenflow_config(work / "once.json"), zenflow_config(work / "again.json", select_strategy="step",
                                                                      select_interval=4)
-    runs = {"initial": (once, 1, "1e-30", {}), "chosen_once": (once, 32, "1e-5", {}),
-            "chosen_every_4": (again, 32, "1e-5", {}),
-            "chosen_every_4_no_refresh": (again, 32, "1e-5", {"PYTHONPATH": str(site)})}
+    plain, bare = {"PYTHONPATH": str(site)}, {"PYTHONPATH": str(no_refresh)}
+    runs = {"initial": (once, 1, "1e-30", plain), "chosen_once": (once, 32, "1e-5", plain),
+            "chosen_every_4": (again, 32, "1e-5", plain),
+            "chosen_every_4_no_refresh": (again, 32, "1e-5", bare)}
     commands, changed = {}, {}
     for name, (cfg, steps, lr, extra) in runs.items():
         train = LABS + ["train", "--preset", "tiny", "--config", cfg, "--nproc", "1", "--steps", str(steps), "--lr", lr,
@@ -61,7 +68,7 @@ def main():
         env = dict(os.environ, **extra)
         subprocess.run(train, check=True, env=env, cwd=ROOT)
         subprocess.run(LABS + ["export", str(work / name), str(work / f"{name}_hf")], check=True, cwd=ROOT)
-        commands[name] = " ".join(train[2:]) + (" (refresh made a no-op)" if extra else "")
+        commands[name] = " ".join(train[2:]) + (" (refresh made a no-op)" if extra is bare else "")
     initial = weights(work / "initial_hf")
     total = sum(t.numel() for t in initial.values())
     for name in list(runs)[1:]:
