@@ -233,6 +233,19 @@ def test_labs_restates_the_deepspeed_it_runs_with_and_installs_its_methods():
             setattr(cls, name, original)
 
 
+def test_zenflow_on_two_ranks_keeps_the_gpus_columns_alike_and_the_export_holds_them(tmp_path):
+    """Two CPU ranks, each holding half of the fp32 master partition (cut mid-column) and every chosen column's fp32
+    master (labs.zenflow_columns), choosing again every 2 steps: each rank writes its own masters into its own half at
+    every choice and before the save. The export, built from both halves, equals rank 0's live bf16 weights element
+    for element, so rank 1's masters of its columns are rank 0's: the ranks stayed alike."""
+    config_path = _zenflow_config(tmp_path, update_interval=2, overlap_step=False, select_strategy="step",
+                                  select_interval=2)
+    result = run_labs("train", "--preset", "tiny", "--config", config_path, "--nproc", 2, "--steps", 5, "--lr", 1e-3,
+                      "--save-every", 5, "--out", tmp_path / "zf2", "--quiet", timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    _export_equals_live(tmp_path / "zf2", tmp_path / "zf2_hf")
+
+
 def test_zenflow_with_the_overlapped_step_trains(tmp_path):
     """overlap_step: true, CPU Adam in ZenFlow's second process (on a CPU labs.zenflow_host's pinning stays out:
     nothing is pinned), choosing its top-k columns again every 2 steps (labs' refresh of the master weights). The run
