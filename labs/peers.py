@@ -60,6 +60,9 @@ class Heartbeats:
         return None
 
 
+_WATCHING: list = []        # this process's Watch, once it watches (stop_if_announced reads it)
+
+
 class Watch:
     """A daemon thread polling the default process group's store for STOP_KEY and the other nodes' heartbeats."""
 
@@ -68,7 +71,15 @@ class Watch:
         self.others = others                    # the other nodes, whose launchers' counters this rank reads
         self.heartbeats = Heartbeats(timeout_s)
         self.done = threading.Event()
+        _WATCHING.append(self)
         threading.Thread(target=self._run, name="labs-peers", daemon=True).start()
+
+    def announced(self) -> str | None:
+        """The reason another node's launcher stored under STOP_KEY, or None (none yet, or the store is gone)."""
+        try:
+            return self.store.get(STOP_KEY).decode(errors="replace") if self.store.check([STOP_KEY]) else None
+        except Exception:
+            return None
 
     def finished(self):
         """The training loop is over: the store may close with node 0 from now on, which is no failure."""
@@ -100,6 +111,17 @@ class Watch:
         (self.run_dir / f"rank{self.rank}.err").write_text(message + "\n")    # the launcher shows it first
         print(message, file=sys.stderr, flush=True)
         os._exit(1)                             # the main thread may be blocked in a collective that never returns
+
+
+def stop_if_announced():
+    """Where a rank's training raised: if another node's stop was announced, stop as the watcher would, with that
+    reason, not with the error. The other node's ranks leaving break a collective this rank was in, and the error
+    (gloo: a closed connection) can come before this rank's watcher polls the store, up to POLL_S later. Seen on two
+    emulated nodes (tests/test_multinode.py): node 0 reported a gloo traceback for a stop the test had announced."""
+    for watch in _WATCHING:
+        why = watch.announced()
+        if why is not None:
+            watch._stop(f"another node's run stopped ({why})")
 
 
 class _Nothing:

@@ -12,7 +12,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from labs import instruments, supervisor, train
+from labs import instruments, peers, supervisor, train
 
 if __name__ == "__main__":
     # Die with torchrun, however it ends (even SIGKILL): no rank may outlive its run.
@@ -24,6 +24,7 @@ if __name__ == "__main__":
         spec = json.loads((run_dir / "run.json").read_text())
         train.main(run_dir, instruments.build(spec["instruments"], run_dir, spec))
     except BaseException:
+        peers.stop_if_announced()       # a collective another node's stop broke: say so (see there), not the error
         (run_dir / f"rank{os.environ.get('RANK', '0')}.err").write_text(traceback.format_exc())
         raise
     # Every file is written and the process group is gone: leave without the interpreter's shutdown, where a C++

@@ -380,3 +380,30 @@ def test_a_node_killed_outright_stops_every_other_node(tmp_path, monkeypatch, ho
     else:       # on one machine the killed processes' connections close, and gloo may raise before the timeout
         assert silent in log or re.search(r"Connection (closed|reset) by peer", log), log[-3000:]
     _nothing_left(tmp_path)
+
+
+def test_a_rank_whose_collective_broke_after_a_stop_was_announced_reports_the_stop(monkeypatch):
+    """labs.rank calls peers.stop_if_announced where training raised: with STOP_KEY in the store the rank stops with
+    that reason (the error came from the other node leaving), without it the error stands."""
+    from labs import peers
+
+    class Store:
+        def __init__(self, keys):
+            self.keys = keys
+
+        def check(self, keys):
+            return all(k in self.keys for k in keys)
+
+        def get(self, key):
+            return self.keys[key].encode()
+
+    stopped = []
+    watch = peers.Watch.__new__(peers.Watch)              # no thread: only what stop_if_announced reads
+    monkeypatch.setattr(watch, "_stop", stopped.append, raising=False)
+    monkeypatch.setattr(peers, "_WATCHING", [watch])
+    watch.store = Store({})
+    peers.stop_if_announced()
+    assert stopped == []
+    watch.store = Store({peers.STOP_KEY: "interrupted on node 1"})
+    peers.stop_if_announced()
+    assert stopped == ["another node's run stopped (interrupted on node 1)"]
