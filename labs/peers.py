@@ -81,6 +81,13 @@ class Watch:
         except Exception:
             return None
 
+    def stop_if_announced(self):
+        """Stop this rank, with the other node's reason, if a stop was announced (from the watcher's thread, or from
+        the rank's failure path: labs.peers.stop_if_announced)."""
+        why = self.announced()
+        if why is not None:
+            self._stop(f"another node's run stopped ({why})")
+
     def finished(self):
         """The training loop is over: the store may close with node 0 from now on, which is no failure."""
         self.done.set()
@@ -89,8 +96,7 @@ class Watch:
         keys = [HEARTBEAT_KEY.format(node) for node in self.others]
         while not self.done.wait(POLL_S):
             try:
-                if self.store.check([STOP_KEY]):
-                    self._stop(f"another node's run stopped ({self.store.get(STOP_KEY).decode(errors='replace')})")
+                self.stop_if_announced()
                 now = time.monotonic()          # before reading: a reading returned late is never taken as older
                 # multi_get waits for missing keys: until every node's exists, read them through add(key, 0), which
                 # creates a missing one at 0
@@ -119,9 +125,7 @@ def stop_if_announced():
     (gloo: a closed connection) can come before this rank's watcher polls the store, up to POLL_S later. Seen on two
     emulated nodes (tests/test_multinode.py): node 0 reported a gloo traceback for a stop the test had announced."""
     for watch in _WATCHING:
-        why = watch.announced()
-        if why is not None:
-            watch._stop(f"another node's run stopped ({why})")
+        watch.stop_if_announced()
 
 
 class _Nothing:
