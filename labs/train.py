@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from labs import (checkpoint, cpu_matmul, data, env, fsdp, metrics, models, peers, zenflow_columns, zenflow_host,
-                  zenflow_layout)
+                  zenflow_layout, zenflow_moments)
 
 
 class Instrument:
@@ -139,6 +139,7 @@ def build_engine(spec: dict, ds_config: dict, device: torch.device):
         zenflow_layout.install()     # DeepSpeed 0.19.8 scrambles ZenFlow's weights without it (see there)
         zenflow_host.install()       # strands pinned host memory, and copies its update back slowly (see there)
         zenflow_columns.install()    # updates its GPU columns in bf16, where a fine-tuning step rounds away (see there)
+        zenflow_moments.install()    # feeds its CPU Adam's two sets of moments every other update (see there)
     deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo")
     zero3 = ds_config.get("zero_optimization", {}).get("stage", 0) == 3
     hf_model = models.build(spec["preset"], dtype=models.DTYPES[spec["precision"]], device=device, seed=spec["seed"],
