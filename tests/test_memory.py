@@ -389,7 +389,7 @@ def test_zenflow_overlap_host_model_against_both_h200_records():
     folder = RESULTS / "gpu" / "zenflow_1xh200"
     optimizer, trainer = "ZenFlow's optimizer process", "training rank"
     for name, free in (("zf_overlap20", "round10_free.txt"), ("zf_fast20", "round12_free.txt")):
-        est = memory.from_run(folder / name)
+        est = memory.from_run(folder / name, zenflow_moments="deepspeed")       # both ran before labs.zenflow_moments
         held = host_samples.read(folder / name, free_txt=folder / free)["at_tightest"]
         slice_gib = est.params / 2**30                    # one rank: its slice is the whole model (padded by <2)
         assert held[(optimizer, "RssShmem")] == pytest.approx(16 * slice_gib, abs=0.1), name
@@ -406,6 +406,10 @@ def test_zenflow_overlap_host_model_against_both_h200_records():
     assert host["sync"] - host["plain"] == acc4x2 - host["plain"] > 8 * 2**30
     sync["zero_optimization"]["zenflow"]["update_interval"] = 1
     assert memory.estimate("qwen2.5-3b", ds_config=sync, **kwargs).host_per_node_bytes == host["plain"]
+    # labs.zenflow_moments: one set of moments in the optimizer process, 8 bytes per parameter less than both records
+    labs = memory.from_run(folder / "zf_fast20")
+    assert est.host_per_node_bytes - labs.host_per_node_bytes == 8 * est.params
+    assert any("one set" in note for note in labs.notes) and any("two sets" in note for note in est.notes)
 
 
 def test_zero2_offload_with_accumulation_keeps_each_parameters_gradient_on_the_host():

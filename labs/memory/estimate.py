@@ -80,7 +80,7 @@ def estimate(preset=None, *, params=None, dims=None, stage=None, gpus_per_node=1
              offload_optimizer=None, offload_param=None, micro_batch=None, grad_accum=None, seq_len=None,
              activation_checkpointing="none", loss="hf", kernels="stock", optimizer="adamw", ds_config=None,
              engine="deepspeed", largest_layer=None, zero_init=True, host_pinning="torch",
-             zenflow_columns="labs") -> MemoryEstimate:
+             zenflow_columns="labs", zenflow_moments="labs") -> MemoryEstimate:
     """Predict per-GPU and per-host bytes. Give a `preset` name, `dims` (labs.models.shape), or only
     `params` (then activations are unknown and reported as 0). `ds_config` (a DeepSpeed config dict, "auto"
     values allowed) supplies the stage, precision, micro-batch, offloads and buffer knobs; without one, the
@@ -93,13 +93,15 @@ def estimate(preset=None, *, params=None, dims=None, stage=None, gpus_per_node=1
     accelerator (nothing is pinned) or `DS_PIN_MEMORY_BACKEND=native` (page-locked at their own size).
     `zenflow_columns`: how ZenFlow (ZeRO-1/2) keeps the columns it updates on the GPU. "labs" (labs.zenflow_columns,
     every labs run since round 18): an fp32 master and fp32 moments. "deepspeed" (DeepSpeed 0.19.8 alone, and labs
-    runs recorded before): two bf16 moments."""
+    runs recorded before): two bf16 moments. `zenflow_moments`: how many sets of Adam moments ZenFlow's overlapped
+    optimizer process keeps on the host. "labs" (labs.zenflow_moments): one; "deepspeed" (DeepSpeed alone, and labs
+    runs recorded before it): two."""
     inputs = dict(preset=preset, params=params, dims=dims, stage=stage, gpus_per_node=gpus_per_node, nodes=nodes,
                   precision=precision, offload_optimizer=offload_optimizer, offload_param=offload_param,
                   micro_batch=micro_batch, grad_accum=grad_accum, seq_len=seq_len,
                   activation_checkpointing=activation_checkpointing, loss=loss, kernels=kernels, optimizer=optimizer,
                   ds_config=ds_config, engine=engine, largest_layer=largest_layer, zero_init=zero_init,
-                  host_pinning=host_pinning, zenflow_columns=zenflow_columns)
+                  host_pinning=host_pinning, zenflow_columns=zenflow_columns, zenflow_moments=zenflow_moments)
     if preset is not None:
         dims = models.shape(models.check_preset(preset))
     if dims is not None:
@@ -165,7 +167,8 @@ def estimate(preset=None, *, params=None, dims=None, stage=None, gpus_per_node=1
         phases, resident, host_rank, nvme_rank = peak.deepspeed(**args,
                                                                 accumulation=resolved["gradient_accumulation_steps"],
                                                                 pinned_rounding=pinned, zenflow=zero.get("zenflow"),
-                                                                zenflow_columns=zenflow_columns)
+                                                                zenflow_columns=zenflow_columns,
+                                                                zenflow_moment_sets=1 if zenflow_moments == "labs" else 2)
     for p in phases.values():
         p["total"] = sum(p.values())
         for key in p:
@@ -177,8 +180,8 @@ def estimate(preset=None, *, params=None, dims=None, stage=None, gpus_per_node=1
         notes.append("only a parameter count was given: activations, the loss and layer-sized buffers are 0")
     if host.overlaps_its_step(zero.get("zenflow")) and stage in (1, 2):
         notes.append("ZenFlow's overlapped step: the host figure counts the four fp32 buffers it shares with its "
-                     "optimizer process, that process's moments and the gradients kept between updates "
-                     "(labs.memory.host)")
+                     f"optimizer process, that process's moments ({'one set' if zenflow_moments == 'labs' else 'two sets'}) "
+                     "and the gradients kept between updates (labs.memory.host)")
     elif zero.get("zenflow") and stage in (1, 2):
         notes.append("ZenFlow without its overlap: the host figure is plain offload's plus the gradients kept "
                      "between updates")

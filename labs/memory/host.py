@@ -9,8 +9,9 @@ labs.zenflow_host installed, as labs train installs it for every ZenFlow run). P
   weights, two gradient buffers (one filled while the other is read) and the stale copy the optimizer process
   writes its result to. labs.zenflow_host page-locks them where they lie (cudaHostRegister), so they take their own
   size, with no power-of-two rounding: 16 bytes per parameter of the slice.
-- private to the optimizer process: Adam's two moments in fp32, in two sets (one updated while the other is read):
-  16 bytes per parameter. The training process keeps no Adam state of its own.
+- private to the optimizer process: Adam's two moments in fp32, 8 bytes per parameter, in two sets under DeepSpeed
+  alone (each fed every other update; labs.zenflow_moments keeps one): 16 bytes per parameter. The training process
+  keeps no Adam state of its own.
 - pinned by the training process as plain offload pins them (labs.memory.peak): the d-byte slice DeepSpeed keeps for
   the updated weights, and the staging buffer of the largest parameter, each rounded up to a power of two under
   PyTorch's pinned allocator.
@@ -48,12 +49,12 @@ def zenflow_accumulates(zenflow: dict | None) -> bool:
     return bool(zenflow) and zenflow.get("update_interval", "auto") != 1
 
 
-def zenflow_per_rank_bytes(partition: int, d: int, staging: int, pinned_rounding: bool) -> int:
+def zenflow_per_rank_bytes(partition: int, d: int, staging: int, pinned_rounding: bool, moment_sets: int = 1) -> int:
     """Bytes one rank's ZenFlow overlap holds on the host: `partition` elements in the rank's slice, `d` bytes per
     weight, `staging` bytes in the largest parameter's staging buffer; `pinned_rounding` as labs.memory.estimate's
-    host_pinning "torch"."""
+    host_pinning "torch"; `moment_sets` 1 with labs.zenflow_moments, 2 under DeepSpeed alone."""
     pinned = torch_pinned_bytes if pinned_rounding else int
-    shared_fp32, moments = 4 * 4 * partition, 2 * 2 * 4 * partition
+    shared_fp32, moments = 4 * 4 * partition, moment_sets * 2 * 4 * partition
     return shared_fp32 + moments + pinned(d * partition) + pinned(staging)
 
 
@@ -70,7 +71,7 @@ NVME_OPTIMIZER_BUFFERS = 4
 
 
 def offloaded_optimizer(layout, dims, stage, d, partition, optimizer_rank, offload_optimizer, z3, knobs, world,
-                        gpu_share=0.0, pinned_rounding=False, accumulation=1, zenflow=None):
+                        gpu_share=0.0, pinned_rounding=False, accumulation=1, zenflow=None, zenflow_moment_sets=1):
     """Bytes per rank that an offloaded optimizer puts on the host and on NVMe, and the staging buffer it keeps on
     the GPU: (host, nvme, staging_gpu). From DeepSpeed 0.19.8's allocations:
     - CPU Adam steps the fp32 master partition and its states (optimizer_rank) with an fp32 gradient partition (4
@@ -91,8 +92,8 @@ def offloaded_optimizer(layout, dims, stage, d, partition, optimizer_rank, offlo
       own, and the d-byte gradient partition (`grad_partitions_flat_buffer`) pinned whole. Checked on one H200
       (results/gpu/pinned_host_1xh200/z3_offload: the 3B's rank held 20.02 GiB of shared memory, 20.00 predicted).
     - ZeRO-1/2 with a `zenflow` block (the config's, or None) that overlaps its step: zenflow_per_rank_bytes
-      instead; with `accumulation` > 1 or a ZenFlow block that accumulates: plus accumulation_per_rank_bytes (all
-      above)."""
+      instead (`zenflow_moment_sets` sets of moments); with `accumulation` > 1 or a ZenFlow block that accumulates:
+      plus accumulation_per_rank_bytes (all above)."""
     if not offload_optimizer:
         return 0, 0, 0
     staging = d * max(n for _, n in layout) if dims and stage in (1, 2) else 0
@@ -107,7 +108,8 @@ def offloaded_optimizer(layout, dims, stage, d, partition, optimizer_rank, offlo
     accumulating = stage in (1, 2) and (accumulation > 1 or zenflow_accumulates(zenflow))
     held_between_steps = accumulation_per_rank_bytes(layout, world, d, pinned_rounding) if accumulating else 0
     if stage in (1, 2) and overlaps_its_step(zenflow):
-        return zenflow_per_rank_bytes(partition, d, staging, pinned_rounding) + held_between_steps, 0, staging
+        return (zenflow_per_rank_bytes(partition, d, staging, pinned_rounding, zenflow_moment_sets)
+                + held_between_steps, 0, staging)
     if pinned_rounding and stage in (1, 2):
         states = optimizer_rank - 4 * partition
         pinned = (torch_pinned_bytes(4 * partition) * 2 + torch_pinned_bytes(d * partition)

@@ -30,12 +30,13 @@ from labs.memory import layout as zero_layout
 
 
 def deepspeed(params, layout, dims, stage, world, d, mixed, state_bytes, offload_optimizer, offload_param, knobs,
-              acts, accumulation=1, pinned_rounding=False, zenflow=None, zenflow_columns="labs"):
+              acts, accumulation=1, pinned_rounding=False, zenflow=None, zenflow_columns="labs", zenflow_moment_sets=1):
     """Returns (phases, resident_per_rank, host_bytes_per_rank, nvme_bytes_per_rank). With gradient accumulation
     the gradients of the earlier micro-batches stay on the GPU through the later ones' forward and backward.
     `pinned_rounding`: the host buffers DeepSpeed pins take a power of two each (PyTorch's pinned allocator, GPUs).
     `zenflow`: the config's `zero_optimization.zenflow` block, or None (labs.memory.host.offloaded_optimizer counts
-    its host side); `zenflow_columns` how it keeps the columns it updates on the GPU (labs.memory.estimate)."""
+    its host side); `zenflow_columns` how it keeps the columns it updates on the GPU, `zenflow_moment_sets` how many
+    sets of Adam moments its overlapped optimizer process keeps (labs.memory.estimate)."""
     # ---- what each rank holds for good once the first step has run
     master = 4 if (mixed or stage >= 1) else 0                 # fp32 ZeRO-1/2/3 still clone an fp32 partition
     bucket = reduce_bucket_bytes(knobs, d, stage=3)            # ZeRO-3's one contiguous gradient bucket
@@ -73,7 +74,7 @@ def deepspeed(params, layout, dims, stage, world, d, mixed, state_bytes, offload
         optimizer_gpu += per_element * zero_layout.zenflow_selected_elements(dims, zenflow.get("topk_ratio", 0.1))
     host, nvme, staging_gpu = host_bytes.offloaded_optimizer(
         layout, dims, stage, d, partition, optimizer_rank, offload_optimizer, z3 if stage == 3 else None, knobs,
-        world, gpu_share, pinned_rounding, accumulation, zenflow)
+        world, gpu_share, pinned_rounding, accumulation, zenflow, zenflow_moment_sets)
     if offload_param:
         if offload_param == "nvme":
             nvme += params_rank
