@@ -3,30 +3,24 @@
 forward uses (the engine's bf16 parameters at the end, dumped by a sitecustomize for this measurement), split into
 the columns ZenFlow chose at step 1 and the rest, and each part's distance to labs without offload's weights, for
 DeepSpeed's bf16 columns and labs.zenflow_columns' fp32 masters, choosing once and every 4 steps. The initial
-weights come from a run of 1 step at lr 1e-30. Writes results/cpu/zenflow_columns/result.json.
+weights come from a run of 1 step at lr 1e-30. Every run skips labs.zenflow_moments (later than the record: it
+changes the CPU's update), so the tool measures what the record measured. Writes
+results/cpu/zenflow_columns/result.json.
 
     python tools/zenflow_columns_freeze.py          # about 7 minutes on 2 cores
 """
 import json
 import os
-import platform
 import shutil
 import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from labs import config  # noqa: E402
+from cpu_record import LABS, ROOT, header, skipping, zenflow_config
 
 OUT = ROOT / "results" / "cpu" / "zenflow_columns"
-LABS = [sys.executable, "-m", "labs"]
-SITE = f"""import os, sys
-sys.path.insert(0, {str(ROOT)!r})
+SITE = skipping("zenflow_moments") + """import os
 import torch
 import labs.instruments.state as s
 import labs.zenflow_columns as zc
@@ -34,7 +28,7 @@ if os.environ.get("ZF_DEEPSPEED_COLUMNS"):
     zc.install = lambda: None
 _finished = s.StateBytes.finished
 def finished(self, engine):
-    found = {{}}
+    found = {}
     for name, p in engine.module.named_parameters():
         found[name] = p.detach().float().cpu().clone()
         if getattr(p, "selected_indices", None) is not None:
@@ -43,16 +37,6 @@ def finished(self, engine):
     return _finished(self, engine)
 s.StateBytes.finished = finished
 """
-
-
-def write_config(path: Path, zenflow: dict | None) -> str:
-    raw = config.load(ROOT / "ds_configs/bench/labs_zero2_offload_zenflow.json")
-    raw["optimizer"]["params"]["lr"] = "auto"
-    if zenflow is None:                                   # labs without offload: the same config less both
-        del raw["zero_optimization"]["zenflow"], raw["zero_optimization"]["offload_optimizer"]
-    else:
-        raw["zero_optimization"]["zenflow"].update(update_interval=4, **zenflow)
-    return str(config.write(raw, path))
 
 
 def shares(run: dict, initial: dict, reference: dict) -> dict:
@@ -78,10 +62,10 @@ def main():
     work = Path(tempfile.mkdtemp(prefix="zf_columns_"))
     (work / "site").mkdir()
     (work / "site" / "sitecustomize.py").write_text(SITE)
-    once, again = write_config(work / "once.json", {}), write_config(work / "again.json", dict(
+    once, again = zenflow_config(work / "once.json", {}), zenflow_config(work / "again.json", dict(
         select_strategy="step", select_interval=4))
     deepspeeds = {"ZF_DEEPSPEED_COLUMNS": "1"}
-    runs = {"initial": (once, 1, "1e-30", {}), "no_offload": (write_config(work / "none.json", None), 32, "1e-5", {}),
+    runs = {"initial": (once, 1, "1e-30", {}), "no_offload": (zenflow_config(work / "none.json", None), 32, "1e-5", {}),
             "deepspeed_chosen_once": (once, 32, "1e-5", deepspeeds), "labs_chosen_once": (once, 32, "1e-5", {}),
             "deepspeed_chosen_every_4": (again, 32, "1e-5", deepspeeds), "labs_chosen_every_4": (again, 32, "1e-5", {})}
     commands, dumps = {}, {}
@@ -96,11 +80,8 @@ def main():
     initial, reference = dumps["initial"], dumps["no_offload"]
     found = {name: shares(dumps[name], initial, reference) for name in list(runs)[1:]}
     OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "result.json").write_text(json.dumps({
-        "measured": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": f"{platform.processor() or platform.machine()}, "
-        f"{os.cpu_count()} cores, {platform.platform()}", "labs_commit": subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip(),
-        "how": __doc__.strip().split("\n\n")[0], "commands": commands, "runs": found}, indent=1) + "\n")
+    (OUT / "result.json").write_text(json.dumps(header(__doc__) | {
+        "commands": commands, "runs": found}, indent=1) + "\n")
     shutil.rmtree(work, ignore_errors=True)           # this script's own temporary runs
     print(json.dumps(found, indent=1))
 

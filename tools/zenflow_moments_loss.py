@@ -1,29 +1,24 @@
-"""What do ZenFlow's two sets of CPU Adam moments and its step count cost in loss? On the tiny preset, one CPU rank,
-48 steps at lr 1e-3, for seeds 0, 1 and 2 (each seed its own initial weights and data order, shared by every run
-of that seed; update_interval 4, the columns chosen once): the
-per-step loss without offload, and with ZenFlow, sequential (overlap_step false) and overlapped, each with
-DeepSpeed's CPU Adam and with labs.zenflow_moments, and overlapped with one set of moments but DeepSpeed's count
-(one lever at a time). The runs differ only in what a sitecustomize leaves of labs.zenflow_moments.
+"""What do ZenFlow's two sets of CPU Adam moments and its step count cost in loss? On the tiny preset from its random
+initial weights, one CPU rank, 48 steps at lr 1e-3 (large enough for the loss to fall in 48 steps), for seeds 0, 1
+and 2 (each seed its own initial weights and data order, shared by every run of that seed; update_interval 4, the
+columns chosen once): the per-step loss without offload; with ZenFlow sequential (overlap_step false) with
+DeepSpeed's step count and with labs' count; overlapped, with both levers in all four combinations (two sets or one,
+DeepSpeed's count or labs'); and sequential with labs' count at update_interval 1 (a CPU update every step), to size
+what the interval itself costs. The runs differ only in what a sitecustomize leaves of labs.zenflow_moments.
 Writes results/cpu/zenflow_moments/result.json.
 
-    python tools/zenflow_moments_loss.py          # about 8 minutes on 2 cores
+    python tools/zenflow_moments_loss.py          # about 9 minutes on 2 cores
 """
 import json
 import os
-import platform
 import shutil
 import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from labs import config  # noqa: E402
+from cpu_record import LABS, ROOT, header, zenflow_config
 
 OUT = ROOT / "results" / "cpu" / "zenflow_moments"
-LABS = [sys.executable, "-m", "labs"]
 STEPS, LR, SEEDS = 48, "1e-3", (0, 1, 2)
 SITE = f"""import os, sys
 sys.path.insert(0, {str(ROOT)!r})
@@ -34,20 +29,20 @@ if what == "deepspeed":
 elif what == "one_set":               # one set of moments, DeepSpeed's step count
     zm.CountedSubmit.zenflow_adam_submit = lambda self, ctrl, state, step, *hp: self._op.zenflow_adam_submit(
         ctrl, state, step, *hp)
+elif what == "count":                 # DeepSpeed's two sets, labs' count
+    _install = zm.install
+    def install():
+        from deepspeed.runtime.zenflow import zenflow_utils
+        two_sets = zenflow_utils.zenflow_optimizer_process
+        _install()
+        zenflow_utils.zenflow_optimizer_process = two_sets
+    zm.install = install
 """
-# name: (overlap_step or None for no offload, what labs.zenflow_moments keeps)
-RUNS = {"no_offload": (None, "labs"), "sequential_deepspeed": (False, "deepspeed"), "sequential_labs": (False, "labs"),
-        "overlap_deepspeed": (True, "deepspeed"), "overlap_one_set": (True, "one_set"), "overlap_labs": (True, "labs")}
-
-
-def write_config(path: Path, overlap: bool | None) -> str:
-    raw = config.load(ROOT / "ds_configs/bench/labs_zero2_offload_zenflow.json")
-    raw["optimizer"]["params"]["lr"] = "auto"
-    if overlap is None:                                   # labs without offload: the same config less both
-        del raw["zero_optimization"]["zenflow"], raw["zero_optimization"]["offload_optimizer"]
-    else:
-        raw["zero_optimization"]["zenflow"].update(update_interval=4, overlap_step=overlap)
-    return str(config.write(raw, path))
+# name: (overlap_step or None for no offload, what labs.zenflow_moments keeps, update_interval)
+RUNS = {"no_offload": (None, "labs", 4), "sequential_deepspeed": (False, "deepspeed", 4),
+        "sequential_labs": (False, "labs", 4), "sequential_labs_interval_1": (False, "labs", 1),
+        "overlap_deepspeed": (True, "deepspeed", 4), "overlap_count": (True, "count", 4),
+        "overlap_one_set": (True, "one_set", 4), "overlap_labs": (True, "labs", 4)}
 
 
 def main():
@@ -56,8 +51,10 @@ def main():
     (work / "site" / "sitecustomize.py").write_text(SITE)
     found, commands = {name: {} for name in RUNS}, {}
     for seed in SEEDS:
-        for name, (overlap, what) in RUNS.items():
-            cfg, out = write_config(work / f"{name}.json", overlap), work / f"{name}_seed{seed}"
+        for name, (overlap, what, interval) in RUNS.items():
+            cfg = zenflow_config(work / f"{name}.json", None if overlap is None else dict(overlap_step=overlap,
+                                                                                          update_interval=interval))
+            out = work / f"{name}_seed{seed}"
             train = LABS + ["train", "--preset", "tiny", "--config", cfg, "--nproc", "1", "--steps", str(STEPS),
                             "--lr", LR, "--seed", str(seed), "--out", str(out), "--quiet"]
             env = dict(os.environ, PYTHONPATH=str(work / "site"), ZF_MOMENTS=what)
@@ -65,13 +62,11 @@ def main():
             found[name][str(seed)] = [json.loads(line)["loss"] for line in
                                       (out / "metrics.jsonl").read_text().splitlines() if '"loss"' in line]
             commands[f"{name}_seed{seed}"] = " ".join(train[2:]) + (
-                "" if overlap is None else f" (overlap_step {str(overlap).lower()}; CPU Adam: {what})")
+                "" if overlap is None else f" (overlap_step {str(overlap).lower()}, update_interval {interval}; "
+                                           f"CPU Adam: {what})")
     OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "result.json").write_text(json.dumps({
-        "measured": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": f"{platform.processor() or platform.machine()}, "
-        f"{os.cpu_count()} cores, {platform.platform()}", "labs_commit": subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip(),
-        "how": __doc__.strip().split("\n\n")[0], "commands": commands, "losses": found}, indent=1) + "\n")
+    (OUT / "result.json").write_text(json.dumps(header(__doc__) | {
+        "commands": commands, "losses": found}, indent=1) + "\n")
     shutil.rmtree(work, ignore_errors=True)           # this script's own temporary runs
     for name, seeds in found.items():
         print(f"{name:>22}  mean loss of steps {STEPS - 15}-{STEPS}, per seed:",

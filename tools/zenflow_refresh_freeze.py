@@ -6,40 +6,26 @@ the refresh made a no-op (a sitecustomize, for this measurement only). The initi
 at lr 1e-30, which moves no weight. Writes results/cpu/zenflow_refresh_freeze/result.json.
 
 labs.zenflow_columns (round 18, later than the record) replaces DeepSpeed's bf16 steps for the chosen columns and this
-refresh. Every run here skips its install (a sitecustomize), so the tool measures what the record measured before it
-existed; tools/zenflow_columns_freeze.py measures both ways.
+refresh, and labs.zenflow_moments (later still) the CPU Adam's moments and step count. Every run here skips both
+installs (a sitecustomize), so the tool measures what the record measured before they existed;
+tools/zenflow_columns_freeze.py measures the first both ways, tools/zenflow_moments_loss.py the second.
 
     python tools/zenflow_refresh_freeze.py          # about 3 minutes on 2 cores
 """
 import glob
 import json
 import os
-import platform
 import shutil
 import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 
+from cpu_record import LABS, ROOT, header, skipping, zenflow_config
 from safetensors.torch import load_file
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from labs import config  # noqa: E402
-
 OUT = ROOT / "results" / "cpu" / "zenflow_refresh_freeze"
-LABS = [sys.executable, "-m", "labs"]
-DEEPSPEED_COLUMNS = f"import sys\nsys.path.insert(0, {str(ROOT)!r})\nimport labs.zenflow_columns as zc\n" \
-                    "zc.install = lambda: None\n"
+DEEPSPEED_COLUMNS = skipping("zenflow_columns", "zenflow_moments")
 NO_REFRESH = DEEPSPEED_COLUMNS + "import labs.zenflow_host as z\nz.sync_fp32_param_from_gpu = lambda self: None\n"
-
-
-def zenflow_config(path: Path, **zenflow) -> str:
-    raw = config.load(ROOT / "ds_configs/bench/labs_zero2_offload_zenflow.json")
-    raw["optimizer"]["params"]["lr"] = "auto"
-    raw["zero_optimization"]["zenflow"].update(update_interval=4, **zenflow)
-    return str(config.write(raw, path))
 
 
 def weights(folder: Path) -> dict:
@@ -55,8 +41,8 @@ def main():
     for folder, text in ((site, DEEPSPEED_COLUMNS), (no_refresh, NO_REFRESH)):
         folder.mkdir()
         (folder / "sitecustomize.py").write_text(text)
-    once, again = zenflow_config(work / "once.json"), zenflow_config(work / "again.json", select_strategy="step",
-                                                                     select_interval=4)
+    once = zenflow_config(work / "once.json", {})
+    again = zenflow_config(work / "again.json", dict(select_strategy="step", select_interval=4))
     plain, bare = {"PYTHONPATH": str(site)}, {"PYTHONPATH": str(no_refresh)}
     runs = {"initial": (once, 1, "1e-30", plain), "chosen_once": (once, 32, "1e-5", plain),
             "chosen_every_4": (again, 32, "1e-5", plain),
@@ -75,11 +61,8 @@ def main():
         trained = weights(work / f"{name}_hf")
         changed[name] = sum((trained[k] != initial[k]).sum().item() for k in initial) / total
     OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "result.json").write_text(json.dumps({
-        "measured": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": f"{platform.processor() or platform.machine()}, "
-        f"{os.cpu_count()} cores, {platform.platform()}", "labs_commit": subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip(),
-        "how": __doc__.strip().split("\n\n")[0], "commands": commands, "matrix_elements": total,
+    (OUT / "result.json").write_text(json.dumps(header(__doc__) | {
+        "commands": commands, "matrix_elements": total,
         "changed_share": changed}, indent=1) + "\n")
     shutil.rmtree(work, ignore_errors=True)           # this script's own temporary runs
     print(json.dumps(changed, indent=1))
