@@ -23,7 +23,7 @@ def zenflow_config(path: Path, zenflow: dict | None) -> str:
     if zenflow is None:
         del raw["zero_optimization"]["zenflow"], raw["zero_optimization"]["offload_optimizer"]
     else:
-        raw["zero_optimization"]["zenflow"].update(update_interval=4, **zenflow)
+        raw["zero_optimization"]["zenflow"].update({"update_interval": 4} | zenflow)
     return str(config.write(raw, path))
 
 
