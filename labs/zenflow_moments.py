@@ -1,5 +1,5 @@
 """A fix for DeepSpeed 0.19.8's ZenFlow: its CPU Adam, which updates every weight every `update_interval` steps, keeps
-two sets of moments, each fed every other update, and corrects their bias by the engine's step count.
+two sets of moments, each fed every other update, and corrects their bias by the training step's number.
 
 Adam's moments are running averages that start at zero: after n updates the first holds (1 - beta1**n) of the mean
 gradient, and Adam divides by that factor ("bias correction"), with n the number of updates the average has seen.
@@ -12,11 +12,11 @@ gradient, and Adam divides by that factor ("bias correction"), with n the number
   them, one update after the other). So each set averages every other update's gradient and sees half the
   updates, and the process holds 16 bytes per parameter of moments where Adam needs 8 (24.7 GB on Qwen2.5-3B).
   ZenFlow without the overlap (ops/adam/zenflow_cpu_adam.py `_sequential_step`) keeps one set.
-- The count. Both paths pass the engine's step (`micro_step + 1`) as Adam's step, while the moments are updated once
-  per `update_interval` steps: at interval 4, the first update divides the moments by factors made for 4 updates.
-  For a steady gradient and betas (0.9, 0.95), Adam moves each weight by the learning rate at every update; this
-  count moves it by 0.56 of it at the first update, 0.73 at the fourth and 1.07 at the sixteenth, where the second
-  moment, divided by a factor made for 64 updates, is too small.
+- The count. Both paths pass the training step's number (`micro_step + 1`: 4, 8, 12, ... at interval 4) as Adam's
+  step, while the moments are updated once per `update_interval` steps: the first update divides the moments by
+  factors made for 4 updates. For a steady gradient and betas (0.9, 0.95), Adam moves each weight by the learning
+  rate at every update; this count moves it by 0.56 of it at the first update, 0.73 at the fourth and 1.07 at the
+  sixteenth: both moments are under-corrected, the second more, so the step first falls short, then overshoots.
 
 labs keeps one set of moments, handed to the native step as both sets (`optimizer_process`), and passes the number
 of updates made so far as the step: the overlapped path through the training side's handle on the native op
@@ -71,7 +71,7 @@ def optimizer_process(groups, ctrl, ready, zf_affinity, adamw_mode):
 class CountedSubmit:
     """DeepSpeed's cpu_adam op as ZenFlow's training side holds it (`zf_op`), with the step that
     `zenflow_adam_submit` hands the optimizer process replaced by the number of updates submitted so far (1, 2, ...):
-    DeepSpeed passes the engine's step there. Everything else goes to the op unchanged."""
+    DeepSpeed passes the training step's number there. Everything else goes to the op unchanged."""
 
     def __init__(self, op):
         self._op = op
@@ -88,7 +88,7 @@ class CountedSubmit:
 @torch.no_grad()
 def sequential_step(self, step_id, closure=None):
     """ZenFlowCPUAdam._sequential_step (ZenFlow without the overlap) with Adam's step counted per parameter, one per
-    update, instead of set to `step_id`, the engine's step."""
+    update, instead of set to `step_id`, the training step's number."""
     loss = None
     if closure is not None:
         with torch.enable_grad():
@@ -131,7 +131,8 @@ def install() -> None:
 
     if zenflow_utils.zenflow_optimizer_process is optimizer_process:
         return
-    found = (source_sha256(zenflow_utils.zenflow_optimizer_process), source_sha256(zenflow_utils.start_optimizer_process),
+    found = (source_sha256(zenflow_utils.zenflow_optimizer_process),
+             source_sha256(zenflow_utils.start_optimizer_process),
              source_sha256(zenflow_stage_1_and_2.ZenFlowZeroOptimizerParallel.zenflow_cpu_optimizer_step),
              source_sha256(engine_stage3.zenflow_cpu_optimizer_overlap_step),
              source_sha256(ZenFlowCPUAdam._sequential_step))

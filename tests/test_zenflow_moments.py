@@ -96,9 +96,9 @@ def test_labs_counts_updates_where_deepspeed_hands_the_engines_step():
 
 
 def test_the_sequential_step_counts_each_parameters_updates():
-    """ZenFlow without the overlap (ZenFlowCPUAdam._sequential_step): labs' step ignores the engine's step_id and
-    counts the updates a parameter has had, so three updates handed steps 4, 8, 12 land where plain Adam's steps
-    1, 2, 3 land, and DeepSpeed's where steps 4, 8, 12 do."""
+    """ZenFlow without the overlap (ZenFlowCPUAdam._sequential_step): labs' step ignores step_id (the training step's
+    number) and counts the updates a parameter has had, so three updates handed steps 4, 8, 12 land where plain
+    Adam's steps 1, 2, 3 land, and DeepSpeed's where steps 4, 8, 12 do."""
     from deepspeed.ops.adam.zenflow_cpu_adam import ZenFlowCPUAdam
 
     def run(step):
@@ -124,3 +124,28 @@ def test_labs_restates_the_deepspeed_it_runs_with():
         zm.SUBMIT_STEP_SHA256["zero12"]
     assert source_sha256(engine_stage3.zenflow_cpu_optimizer_overlap_step) == zm.SUBMIT_STEP_SHA256["zero3"]
     assert source_sha256(ZenFlowCPUAdam._sequential_step) == zm.SEQUENTIAL_STEP_SHA256
+
+
+def test_the_cpu_record_is_like_for_like_and_each_lever_lowers_the_loss_on_every_seed():
+    """results/cpu/zenflow_moments (tools/zenflow_moments_loss.py): per seed every run starts from the same loss (same
+    weights and batches), each lever, measured on its own, lowers the mean loss of steps 33-48 on every seed, and the
+    README's figures are the ones the report computes from the record (and chapter 9 prints)."""
+    from labs import ROOT
+    from labs.course import zenflow_moments_report as report
+
+    found = report.record()
+    assert found["labs_commit"] and set(found["losses"]) == set(report.LABELS)
+    for seed in ("0", "1", "2"):
+        firsts = {runs[seed][0] for runs in found["losses"].values()}
+        assert len(firsts) == 1 and all(len(runs[seed]) == 48 for runs in found["losses"].values())
+    assert all(gain > 0 for gains in report.lever_gains(found).values() for gain in gains)
+    gaps = {row["run"]: float(row["gap to no offload"]) for row in report.loss_rows(found)[1:]}
+    before, after = gaps[report.LABELS["overlap_deepspeed"]], gaps[report.LABELS["overlap_labs"]]
+    process = report.optimizer_process_memory()
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    every_step = gaps[report.LABELS["sequential_labs_interval_1"]]
+    assert abs(every_step) < 0.01 < gaps[report.LABELS["sequential_labs"]]       # the interval is the gap
+    for figure in (f"{before - after:.3f} of the overlapped run's {before:.3f} nats", f"ends {every_step:.3f} nats from",
+                   f"held {process['private_gib']:.1f} GiB",
+                   f"predicts {(process['host_two_sets'] - process['host_one_set']) / 2**30:.1f} GiB less"):
+        assert figure in readme, figure

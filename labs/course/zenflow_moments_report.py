@@ -2,43 +2,56 @@
 DeepSpeed's step count does to an update, what the second set costs in host memory (round 12's record, measured, and
 labs.memory), and the loss on the tiny model on a CPU (results/cpu/zenflow_moments, tools/zenflow_moments_loss.py).
 
-    zenflow_moments_report.moves(ZenFlowCPUAdam._sequential_step)   # each update's move, in learning rates
+    zenflow_moments_report.moves("deepspeed")          # each update's move, in learning rates ("labs": counted)
     zenflow_moments_report.optimizer_process_memory()                # round 12's moments, measured and predicted
     zenflow_moments_report.loss_rows()                                # the CPU measurement, per run and seed
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 
 import torch
 
-from labs import RESULTS, memory
+from labs import RESULTS, env, memory, zenflow_moments
+from labs.zenflow_host import source_sha256
 from labs.course import host_samples
 from labs.course import zenflow_report as z
 
 CPU = RESULTS / "cpu" / "zenflow_moments" / "result.json"
 WINDOW = 16                       # the loss is judged over the last 16 of 48 steps
+# "sequential": overlap_step false, the CPU step in the training process; "overlapped": in a second process
 LABELS = {"no_offload": "labs, no offload",
-          "sequential_deepspeed": "ZenFlow sequential, DeepSpeed's count",
-          "sequential_labs": "ZenFlow sequential, counted updates",
-          "overlap_deepspeed": "ZenFlow overlapped, DeepSpeed's two sets and count",
-          "overlap_one_set": "ZenFlow overlapped, one set, DeepSpeed's count",
-          "overlap_labs": "ZenFlow overlapped, one set, counted updates"}
-# one lever at a time: (from, to)
+          "sequential_deepspeed": "sequential, DeepSpeed's count",
+          "sequential_labs": "sequential, counted updates",
+          "sequential_labs_interval_1": "sequential, counted, update_interval 1",
+          "overlap_deepspeed": "overlapped, two sets, DeepSpeed's count",
+          "overlap_count": "overlapped, two sets, counted updates",
+          "overlap_one_set": "overlapped, one set, DeepSpeed's count",
+          "overlap_labs": "overlapped, one set, counted updates"}
+# one lever at a time, (without, with), the other lever held either way
 LEVERS = {"count, sequential": ("sequential_deepspeed", "sequential_labs"),
-          "one set, overlapped": ("overlap_deepspeed", "overlap_one_set"),
-          "count, overlapped": ("overlap_one_set", "overlap_labs")}
+          "count, overlapped, two sets": ("overlap_deepspeed", "overlap_count"),
+          "count, overlapped, one set": ("overlap_one_set", "overlap_labs"),
+          "one set, overlapped, DeepSpeed's count": ("overlap_deepspeed", "overlap_one_set"),
+          "one set, overlapped, counted": ("overlap_count", "overlap_labs")}
 
 
-def moves(step, updates: int = 16, interval: int = 4, lr: float = 1e-2) -> list[float]:
-    """ZenFlow's sequential CPU Adam step (`step`: DeepSpeed's ZenFlowCPUAdam._sequential_step or
-    labs.zenflow_moments.sequential_step) run by DeepSpeed's own CPU Adam on one weight with a steady gradient of 1,
-    handed the engine's step at each update (interval, 2 x interval, ...) as ZenFlow hands it: how far each update
-    moves the weight, in learning rates. Adam's answer is 1 every time."""
+def moves(which: str = "deepspeed", updates: int = 16, interval: int = 4, lr: float = 1e-2) -> list[float]:
+    """ZenFlow's sequential CPU Adam step, DeepSpeed's (`which="deepspeed"`) or labs.zenflow_moments' ("labs"), run by
+    DeepSpeed's own CPU Adam op on one weight with a steady gradient of 1, handed the training step's number at each
+    update (interval, 2 x interval, ...) as ZenFlow hands it: how far each update moves the weight, in learning
+    rates. Adam's answer is 1 every time."""
+    env.name_deepspeed_accelerator()
     from deepspeed.ops.adam.zenflow_cpu_adam import ZenFlowCPUAdam
 
+    assert source_sha256(ZenFlowCPUAdam._sequential_step) == zenflow_moments.SEQUENTIAL_STEP_SHA256, \
+        "this process's ZenFlowCPUAdam is not DeepSpeed 0.19.8's (labs.zenflow_moments installed here?)"
+    step = {"deepspeed": ZenFlowCPUAdam._sequential_step, "labs": zenflow_moments.sequential_step}[which]
     weight = torch.nn.Parameter(torch.ones(8))
-    adam = ZenFlowCPUAdam([weight], lr=lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0, adamw_mode=True)
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):   # the op's load lines
+        adam = ZenFlowCPUAdam([weight], lr=lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0, adamw_mode=True)
     found = []
     for k in range(1, updates + 1):
         before = weight.detach()[0].item()
@@ -83,7 +96,15 @@ def loss_rows(found: dict | None = None) -> list[dict]:
     return rows
 
 
+def first_difference(first: str, second: str, found: dict | None = None) -> int:
+    """The first step (1-based) at which two runs' losses differ for any seed: where a lever first acts."""
+    found = found or record()
+    a, b = found["losses"][first], found["losses"][second]
+    return min(next(k for k, (x, y) in enumerate(zip(a[s], b[s]), start=1) if x != y) for s in a)
+
+
 def lever_gains(found: dict | None = None) -> dict[str, list[float]]:
     """Per lever (LEVERS), how much lower the late mean loss is with it than without, per seed (nats)."""
     late = late_means(found)
-    return {lever: [late[before][s] - late[after][s] for s in late[before]] for lever, (before, after) in LEVERS.items()}
+    return {lever: [late[before][s] - late[after][s] for s in late[before]]
+            for lever, (before, after) in LEVERS.items()}
