@@ -26,6 +26,16 @@ labs creates the stale copy itself, shared and page-locked with the rest, and re
 `copy_in_chunks`: fp32 chunks go by DMA from page-locked memory into a GPU staging block and the GPU casts them,
 without a full-size fp32 temporary on the GPU. Same values (the cast rounds the same way on either side).
 
+The same method waits for the wrong update. After warm-up rounds (`full_warm_up_rounds`, whose updates are waited
+for at once) DeepSpeed skips the first wait, since nothing is in flight then. With no warm-up rounds (labs' config,
+and DeepSpeed's default of 0) the optimizer process starts at the first update and that wait returns early, so the
+skip lands on the second round, when update 1 is in flight: update 1's completion is never awaited there, and every
+later wait consumes the completion of the update before the last one (the completions are counted by a semaphore).
+A copy then brings whatever the process has finished, with nothing to stop it reading the partition while the last
+update is still writing it, or the GPU refilling a gradient buffer the process still reads, whenever the CPU step
+takes longer than a round. labs skips only after a wait has happened, so each round waits for the update submitted
+the round before: the first update lands at step 8 at interval 4, not at step 12 with the second.
+
 A third, for the step that chooses the GPU's top-k columns again (`select_strategy` "step"): DeepSpeed first refreshes
 the fp32 master partition from the GPU's bf16 weights with `fp32.copy_(bf16.to(fp32, cpu))`, whose `.to` builds a whole
 new fp32 partition in pageable host memory while the optimizer process holds its moments: the training rank grew by
@@ -43,6 +53,7 @@ import sys
 import torch
 
 _PATCHED = "_labs_zenflow_host"
+_WAITS = "_labs_zenflow_waits"       # how many updates wait_last_update_and_copy has waited for
 GiB = 2 ** 30
 
 
@@ -113,14 +124,14 @@ def sync_fp32_param_from_gpu(self):
 
 
 # DeepSpeed 0.19.8's ZenFlowZeroOptimizerParallel.wait_last_update_and_copy (runtime/zenflow/zenflow_stage_1_and_2.py,
-# Apache-2.0), whose source hashes to this: wait_last_update_and_copy below restates it with one change.
+# Apache-2.0), whose source hashes to this: wait_last_update_and_copy below restates it with two changes.
 RESTATED_SHA256 = "b3e57727b3da6173"
 
 
 def wait_last_update_and_copy(self):
     """ZeRO-1/2 ZenFlow's end of an update round, as DeepSpeed 0.19.8 writes it (without its see_memory_usage calls,
-    which print nothing unless forced), except the line marked: wait for the optimizer process, bring its updated fp32
-    partition into the GPU's bf16 parameters, all-gather them across ranks, point the model at them."""
+    which print nothing unless forced), except the two lines marked: wait for the optimizer process, bring its updated
+    fp32 partition into the GPU's bf16 parameters, all-gather them across ranks, point the model at them."""
     from deepspeed import comm as dist
     from deepspeed.runtime.zenflow import zenflow_stage_1_and_2 as ds
 
@@ -128,9 +139,11 @@ def wait_last_update_and_copy(self):
         return
     if self.micro_step + 1 > self.full_warm_up_rounds and self.first_update_round_after_warmup:
         self.first_update_round_after_warmup = False
-        return
+        if getattr(self, _WAITS, 0):          # the change: skip only where a warm-up update was waited for
+            return
     self.timers(ds.OPTIMIZER_RECV_PARAMS_TIMER).start()
     self._wait_for_optimizer_process()
+    setattr(self, _WAITS, getattr(self, _WAITS, 0) + 1)
     self.timers(ds.OPTIMIZER_RECV_PARAMS_TIMER).stop()
     for i in range(len(self.bit16_groups)):
         partition_id = dist.get_rank(group=self.real_dp_process_group[i])

@@ -3,6 +3,7 @@ non-finite fails instead of reporting a result (tools/repro_zenflow_nan.py: Deep
 "auto" divides the loss by 0), and its weights are the model's (labs.zenflow_layout; tools/repro_zenflow_layout.py),
 in training and in what `labs export` makes of its checkpoints."""
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -231,6 +232,61 @@ def test_labs_restates_the_deepspeed_it_runs_with_and_installs_its_methods():
     finally:
         for (cls, name, _), original in zip(methods, originals):
             setattr(cls, name, original)
+
+
+def _rounds(wait, warm_up_rounds: int, rounds: int = 6) -> list[tuple[int, int]]:
+    """Drive ZeRO-1/2 ZenFlow's end of a round (`wait`: DeepSpeed's wait_last_update_and_copy or labs') in the order
+    DeepSpeed 0.19.8's ZenFlowZeroOptimizerParallel.step calls it, at update_interval 4, on a stub optimizer whose
+    copies touch nothing: during warm-up submit an update, then wait; after it, wait, then submit. The optimizer
+    process posts a completion per update to a counting semaphore, and a wait takes the oldest one, so the k-th wait
+    returns for update k. Returns (the update a wait returned for, the last update submitted) per wait."""
+    from deepspeed.runtime.zenflow import zenflow_stage_1_and_2 as ds
+
+    class Timers:
+        def __call__(self, name):
+            return SimpleNamespace(start=lambda: None, stop=lambda: None)
+
+        def log(self, names):
+            pass
+    optimizer = SimpleNamespace(micro_step=0, full_warm_up_rounds=warm_up_rounds, first_update_round_after_warmup=True,
+                                process_optimizer_established=False, bit16_groups=[], cpu_offload=False,
+                                timers=Timers(), bit16_groups_flat=None, parallel_partitioned_bit16_groups=None,
+                                real_dp_process_group=None, nccl_start_alignment_factor=None,
+                                allgather_bucket_size=None)
+    submitted, waits = [], []
+    optimizer._wait_for_optimizer_process = lambda: waits.append((len(waits) + 1, len(submitted)))
+
+    def submit():
+        optimizer.process_optimizer_established = True
+        submitted.append(len(submitted) + 1)
+    real_all_gather, ds.all_gather_dp_groups = ds.all_gather_dp_groups, lambda **kwargs: None
+    try:
+        for r in range(1, rounds + 1):
+            optimizer.micro_step = 4 * r - 1
+            if optimizer.micro_step < warm_up_rounds:
+                submit()
+            wait(optimizer)
+            if optimizer.micro_step >= warm_up_rounds:
+                submit()
+    finally:
+        ds.all_gather_dp_groups = real_all_gather
+    return waits
+
+
+def test_each_round_waits_for_the_update_submitted_the_round_before():
+    """With no warm-up rounds (labs' config, DeepSpeed's default) DeepSpeed's skip of the first wait after warm-up
+    lands on round 2, with update 1 in flight: from then on each wait returns for the update before the last one
+    submitted, so a copy is not held back for the last. labs' waits at round 2 and each wait returns for the last
+    update. After warm-up rounds (waited for at once) both skip the first wait and agree."""
+    from deepspeed.runtime.zenflow import zenflow_stage_1_and_2 as ds
+
+    deepspeeds = ds.ZenFlowZeroOptimizerParallel.__dict__["wait_last_update_and_copy"]
+    if deepspeeds is zenflow_host.wait_last_update_and_copy:
+        pytest.skip("labs' method is installed in this process")
+    assert _rounds(deepspeeds, 0) == [(1, 2), (2, 3), (3, 4), (4, 5)]
+    assert _rounds(zenflow_host.wait_last_update_and_copy, 0) == [(1, 1), (2, 2), (3, 3), (4, 4), (5, 5)]
+    assert _rounds(deepspeeds, 8) == _rounds(zenflow_host.wait_last_update_and_copy, 8) == \
+        [(1, 1), (2, 2), (3, 3), (4, 4), (5, 5)]
 
 
 def test_zenflow_on_two_ranks_keeps_the_gpus_columns_alike_and_the_export_holds_them(tmp_path):

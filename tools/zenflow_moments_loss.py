@@ -3,11 +3,12 @@ initial weights, one CPU rank, 48 steps at lr 1e-3 (large enough for the loss to
 and 2 (each seed its own initial weights and data order, shared by every run of that seed; update_interval 4, the
 columns chosen once): the per-step loss without offload; with ZenFlow sequential (overlap_step false) with
 DeepSpeed's step count and with labs' count; overlapped, with both levers in all four combinations (two sets or one,
-DeepSpeed's count or labs'); and sequential with labs' count at update_interval 1 (a CPU update every step), to size
-what the interval itself costs. The runs differ only in what a sitecustomize leaves of labs.zenflow_moments.
+DeepSpeed's count or labs'); overlapped with labs' CPU Adam but DeepSpeed's wait (labs.zenflow_host's wait for the
+update of the round before, undone); and sequential with labs' count at update_interval 1 (a CPU update every step),
+to size what the interval itself costs. The runs differ only in what a sitecustomize leaves of labs' fixes.
 Writes results/cpu/zenflow_moments/result.json.
 
-    python tools/zenflow_moments_loss.py          # about 9 minutes on 2 cores
+    python tools/zenflow_moments_loss.py          # about 10 minutes on 2 cores
 """
 import json
 import os
@@ -37,12 +38,21 @@ elif what == "count":                 # DeepSpeed's two sets, labs' count
         _install()
         zenflow_utils.zenflow_optimizer_process = two_sets
     zm.install = install
+elif what == "deepspeeds_wait":       # labs' CPU Adam, DeepSpeed's skip of the second round's wait
+    import labs.zenflow_host as zh
+    _host_install = zh.install
+    def host_install():
+        _host_install()
+        from deepspeed.runtime.zenflow.zenflow_stage_1_and_2 import ZenFlowZeroOptimizerParallel
+        setattr(ZenFlowZeroOptimizerParallel, zh._WAITS, 1)     # as if a warm-up update had been waited for
+    zh.install = host_install
 """
 # name: (overlap_step or None for no offload, what labs.zenflow_moments keeps, update_interval)
 RUNS = {"no_offload": (None, "labs", 4), "sequential_deepspeed": (False, "deepspeed", 4),
         "sequential_labs": (False, "labs", 4), "sequential_labs_interval_1": (False, "labs", 1),
         "overlap_deepspeed": (True, "deepspeed", 4), "overlap_count": (True, "count", 4),
-        "overlap_one_set": (True, "one_set", 4), "overlap_labs": (True, "labs", 4)}
+        "overlap_one_set": (True, "one_set", 4), "overlap_labs": (True, "labs", 4),
+        "overlap_labs_deepspeeds_wait": (True, "deepspeeds_wait", 4)}
 
 
 def main():

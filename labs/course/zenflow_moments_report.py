@@ -21,7 +21,8 @@ from labs.course import zenflow_report as z
 
 CPU = RESULTS / "cpu" / "zenflow_moments" / "result.json"
 WINDOW = 16                       # the loss is judged over the last 16 of 48 steps
-# "sequential": overlap_step false, the CPU step in the training process; "overlapped": in a second process
+# "sequential": overlap_step false, the CPU step in the training process; "overlapped": in a second process, every
+# overlapped run with labs.zenflow_host's wait (for the update of the round before) but the one marked
 LABELS = {"no_offload": "labs, no offload",
           "sequential_deepspeed": "sequential, DeepSpeed's count",
           "sequential_labs": "sequential, counted updates",
@@ -29,13 +30,15 @@ LABELS = {"no_offload": "labs, no offload",
           "overlap_deepspeed": "overlapped, two sets, DeepSpeed's count",
           "overlap_count": "overlapped, two sets, counted updates",
           "overlap_one_set": "overlapped, one set, DeepSpeed's count",
-          "overlap_labs": "overlapped, one set, counted updates"}
+          "overlap_labs": "overlapped, one set, counted updates",
+          "overlap_labs_deepspeeds_wait": "overlapped, one set, counted, DeepSpeed's wait"}
 # one lever at a time, (without, with), the other lever held either way
 LEVERS = {"count, sequential": ("sequential_deepspeed", "sequential_labs"),
           "count, overlapped, two sets": ("overlap_deepspeed", "overlap_count"),
           "count, overlapped, one set": ("overlap_one_set", "overlap_labs"),
           "one set, overlapped, DeepSpeed's count": ("overlap_deepspeed", "overlap_one_set"),
-          "one set, overlapped, counted": ("overlap_count", "overlap_labs")}
+          "one set, overlapped, counted": ("overlap_count", "overlap_labs"),
+          "labs' wait, overlapped": ("overlap_labs_deepspeeds_wait", "overlap_labs")}
 
 
 def moves(which: str = "deepspeed", updates: int = 16, interval: int = 4, lr: float = 1e-2) -> list[float]:
