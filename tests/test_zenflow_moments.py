@@ -145,7 +145,8 @@ def test_the_cpu_record_is_like_for_like_and_each_lever_lowers_the_loss_on_every
     readme = " ".join((ROOT / "README.md").read_text().split())
     every_step = gaps[report.LABELS["sequential_labs_interval_1"]]
     assert abs(every_step) < 0.01 < gaps[report.LABELS["sequential_labs"]]       # the interval is the gap
-    for figure in (f"{before - after:.3f} of the overlapped run's {before:.3f} nats", f"ends {every_step:.3f} nats from",
+    for figure in (f"{before - after:.3f} of the overlapped run's {before:.3f} nats",
+                   f"ends {every_step:.3f} nats from",
                    f"held {process['private_gib']:.1f} GiB",
                    f"predicts {(process['host_two_sets'] - process['host_one_set']) / 2**30:.1f} GiB less"):
         assert figure in readme, figure

@@ -164,11 +164,12 @@ def estimate(preset=None, *, params=None, dims=None, stage=None, gpus_per_node=1
         inputs.update(offload_optimizer=offload, offload_param=offload)
     else:
         pinned = host_pinning == "torch" and bool((zero.get("offload_optimizer") or {}).get("pin_memory"))
+        moment_sets = 1 if zenflow_moments == "labs" else 2
         phases, resident, host_rank, nvme_rank = peak.deepspeed(**args,
                                                                 accumulation=resolved["gradient_accumulation_steps"],
                                                                 pinned_rounding=pinned, zenflow=zero.get("zenflow"),
                                                                 zenflow_columns=zenflow_columns,
-                                                                zenflow_moment_sets=1 if zenflow_moments == "labs" else 2)
+                                                                zenflow_moment_sets=moment_sets)
     for p in phases.values():
         p["total"] = sum(p.values())
         for key in p:
@@ -179,9 +180,10 @@ def estimate(preset=None, *, params=None, dims=None, stage=None, gpus_per_node=1
     if dims is None:
         notes.append("only a parameter count was given: activations, the loss and layer-sized buffers are 0")
     if host.overlaps_its_step(zero.get("zenflow")) and stage in (1, 2):
+        sets = "one set" if zenflow_moments == "labs" else "two sets"
         notes.append("ZenFlow's overlapped step: the host figure counts the four fp32 buffers it shares with its "
-                     f"optimizer process, that process's moments ({'one set' if zenflow_moments == 'labs' else 'two sets'}) "
-                     "and the gradients kept between updates (labs.memory.host)")
+                     f"optimizer process, that process's moments ({sets}) and the gradients kept between updates "
+                     "(labs.memory.host)")
     elif zero.get("zenflow") and stage in (1, 2):
         notes.append("ZenFlow without its overlap: the host figure is plain offload's plus the gradients kept "
                      "between updates")
