@@ -35,8 +35,6 @@ import torch
 
 from labs.zenflow_host import source_sha256
 
-_PATCHED = "_labs_zenflow_moments"
-
 # DeepSpeed 0.19.8's sources (Apache-2.0), hashed as labs.zenflow_host hashes: what the functions below replace or
 # rely on (the two steps that submit `micro_step + 1` as the step, and the process that allocates two sets).
 PROCESS_SHA256 = "7c923187afbe41cc"
@@ -118,7 +116,6 @@ def _counting(start):
         found = start(zf_optimizer)
         zf_optimizer.zf_op = CountedSubmit(zf_optimizer.zf_op)
         return found
-    setattr(start_optimizer_process, _PATCHED, True)
     return start_optimizer_process
 
 

@@ -16,7 +16,6 @@ import torch
 
 from labs import RESULTS, env, memory, zenflow_moments
 from labs.zenflow_host import source_sha256
-from labs.course import host_samples
 from labs.course import zenflow_report as z
 
 CPU = RESULTS / "cpu" / "zenflow_moments" / "result.json"
@@ -64,13 +63,12 @@ def moves(which: str = "deepspeed", updates: int = 16, interval: int = 4, lr: fl
     return found
 
 
-def optimizer_process_memory(name: str = "zf_fast20", free: str = "round12_free.txt") -> dict:
+def optimizer_process_memory(name: str = "zf_fast20") -> dict:
     """Round 12's ZenFlow run on one H200 (the 3B, before labs.zenflow_moments): the optimizer process's private
     memory at the host's tightest second (its moments, GiB), the parameters, and labs.memory's host figure for the
     node with DeepSpeed's two sets and with one (bytes)."""
-    folder = z.FOLDER / name
-    held = host_samples.read(folder, free_txt=z.FOLDER / free)["at_tightest"]
-    two, one = (memory.from_run(folder, zenflow_moments=m) for m in ("deepspeed", "labs"))
+    held = z.host_memory(name)["at_tightest"]
+    two, one = (memory.from_run(z.FOLDER / name, zenflow_moments=m) for m in ("deepspeed", "labs"))
     return dict(private_gib=held[("ZenFlow's optimizer process", "RssAnon")], params=two.params,
                 host_two_sets=two.host_per_node_bytes, host_one_set=one.host_per_node_bytes)
 
