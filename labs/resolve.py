@@ -218,8 +218,16 @@ def _zenflow(config: dict):
     """ZenFlow's update_interval "auto" is refused: DeepSpeed 0.19.8's configure_zenflow (runtime/zenflow/engine.py)
     sets gradient_accumulation_steps = update_interval, which is 0 for "auto", and engine.backward divides every
     loss by it: the gradients of the first step are inf/NaN and so are the weights after it
-    (tools/repro_zenflow_nan.py shows it with DeepSpeed alone). A number works (DeepSpeed's ZenFlow example: 4)."""
-    if (config.get("zero_optimization") or {}).get("zenflow", {}).get("update_interval") == "auto":
+    (tools/repro_zenflow_nan.py shows it with DeepSpeed alone). A number works (DeepSpeed's ZenFlow example: 4).
+    ZenFlow under ZeRO-3 is refused too: labs' fixes (labs.zenflow_*) restate DeepSpeed 0.19.8's ZeRO-1/2 ZenFlow only,
+    and ZeRO-3's (runtime/zenflow/engine_stage3.py) failed at the tiny preset's first forward on a CPU, with and
+    without them (IndexError in the embedding, 2026-12-05; DeepSpeed issue 7686 reports another ZeRO-3 ZenFlow failure)."""
+    zero = config.get("zero_optimization") or {}
+    if zero.get("zenflow") and zero.get("stage") == 3:
+        raise LabsError("config key 'zero_optimization.zenflow' is set with 'zero_optimization.stage' 3: labs runs "
+                        "ZenFlow under ZeRO stage 1 or 2 only (ZeRO-3's failed at its first forward); set the stage to "
+                        "2 (ds_configs/bench/labs_zero2_offload_zenflow.json)")
+    if zero.get("zenflow", {}).get("update_interval") == "auto":
         raise LabsError("config key 'zero_optimization.zenflow.update_interval' is \"auto\": DeepSpeed 0.19.8 then "
                         "divides every loss by 0 and the weights turn NaN after the first step; set a number, e.g. 4 "
                         "(ds_configs/bench/labs_zero2_offload_zenflow.json)")

@@ -322,6 +322,17 @@ def test_update_interval_auto_is_refused_before_any_rank_starts(tmp_path):
     assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "zf").exists()
 
 
+def test_zenflow_under_zero3_is_refused_naming_the_stage():
+    """ZeRO-3's ZenFlow failed at the tiny preset's first forward (labs.resolve._zenflow): refused, not launched."""
+    raw = config.load(ZENFLOW)
+    raw["zero_optimization"]["stage"] = 3
+    with pytest.raises(LabsError, match=r"^config key 'zero_optimization.zenflow' is set with "
+                                        r"'zero_optimization.stage' 3: .* set the stage to 2"):
+        resolve._zenflow(raw)
+    raw["zero_optimization"]["stage"] = 2
+    resolve._zenflow(raw)
+
+
 def test_check_finite_names_the_step_and_rank():
     train.check_finite(3, [2.5, 2.4])
     with pytest.raises(train.NonFiniteLoss, match=r"^step 7: the loss is nan on rank 1"):
