@@ -217,6 +217,13 @@ def test_readme_quotes_the_recorded_round_2_numbers():
                  f"from {t18['gaps']['ft_zf64_ds']:+.2f} to {t18['gaps']['ft_zfc64']:+.2f} nats choosing once",
                  f"to {t18['gaps']['ft_zfc_sel4_64']:+.2f}", f"at {t18['hidden']['ft_zfc64']:.1%} and "
                  f"{t18['hidden']['ft_zfc_sel4_64']:.1%} of no", f"loss of about step {zc.caught_up('ft_zfc64')}."]
+    from labs.course import zenflow_moments_report as zm
+    t19, m19 = zm.round19_target(), zm.round19_moments()
+    expected += [f"held {m19['ft_zfm64']['private_gib']:.1f} GiB", f"against {m19['ft_zfm64_ctl']['private_gib']:.1f} GiB",
+                 f"`labs.memory`: {m19['ft_zfm64']['moments_gib']:.1f} and {m19['ft_zfm64_ctl']['moments_gib']:.1f} GiB of moments",
+                 f"{t19['gaps']['ft_zfm64']:+.2f} nats against {t19['gaps']['ft_zfm64_ctl']:+.2f}",
+                 f"({t19['hidden']['ft_zfm64']:.1%} and {t19['hidden']['ft_zfm64_ctl']:.1%})",
+                 f"{t19['gaps']['ft_zfm_ui2_64']:+.2f} at {t19['hidden']['ft_zfm_ui2_64']:.1%}"]
     from labs.course import one_gpu_report as one
     for row in one.best_vs_best():
         expected += [f"{row['stock_tokens_per_s']:,.0f}", f"{row['labs_tokens_per_s']:,.0f}", f"{row['ratio']:.2f}x",

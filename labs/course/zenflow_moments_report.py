@@ -5,6 +5,8 @@ labs.memory), and the loss on the tiny model on a CPU (results/cpu/zenflow_momen
     zenflow_moments_report.moves("deepspeed")          # each update's move, in learning rates ("labs": counted)
     zenflow_moments_report.optimizer_process_memory()                # round 12's moments, measured and predicted
     zenflow_moments_report.loss_rows()                                # the CPU measurement, per run and seed
+    zenflow_moments_report.round19_target()           # the 3B on one H200: the offload target with every fix
+    zenflow_moments_report.round19_moments()          # its optimizer process's private memory, one set and two
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import torch
 
 from labs import RESULTS, env, memory, zenflow_moments
 from labs.zenflow_host import source_sha256
-from labs.course import zenflow_report as z
+from labs.course import host_samples, zenflow_report as z
 
 CPU = RESULTS / "cpu" / "zenflow_moments" / "result.json"
 WINDOW = 16                       # the loss is judged over the last 16 of 48 steps
@@ -31,6 +33,11 @@ LABELS = {"no_offload": "labs, no offload",
           "overlap_one_set": "overlapped, one set, DeepSpeed's count",
           "overlap_labs": "overlapped, one set, counted updates",
           "overlap_labs_deepspeeds_wait": "overlapped, one set, counted, DeepSpeed's wait"}
+ROUND19 = z.FINETUNE / "round19"
+ROUND19_RUNS = ("ft_ref64", "ft_zfm64", "ft_zfm64_ctl", "ft_zfm_ui2_64")
+ROUND19_LABELS = dict(zip(ROUND19_RUNS, ("labs, no offload", "ZenFlow, labs' CPU Adam (one set, counted)",
+                                        "ZenFlow, DeepSpeed's CPU Adam (two sets, its count; control)",
+                                        "ZenFlow, labs' CPU Adam, update_interval 2")))
 # one lever at a time, (without, with), the other lever held either way
 LEVERS = {"count, sequential": ("sequential_deepspeed", "sequential_labs"),
           "count, overlapped, two sets": ("overlap_deepspeed", "overlap_count"),
@@ -109,3 +116,26 @@ def lever_gains(found: dict | None = None) -> dict[str, list[float]]:
     late = late_means(found)
     return {lever: [late[before][s] - late[after][s] for s in late[before]]
             for lever, (before, after) in LEVERS.items()}
+
+
+def round19_target() -> dict:
+    """The offload target over round 19's fine-tunes (zenflow_report.round14_target, steps 49-64): ZenFlow with labs'
+    CPU Adam at update_interval 4 and 2, and the control with DeepSpeed's (labs' wait and fp32 columns in all three)."""
+    target = z.round14_target(ROUND19, ROUND19_RUNS, z.WINDOW15, "round 19, 64 steps")
+    target["measured"] = "; ".join(f"{ROUND19_LABELS[n]}: {target['hidden'][n]:.1%} of no offload's tokens/s, loss "
+                                   f"{target['gaps'][n]:+.2f}" for n in ROUND19_RUNS[1:])
+    return target
+
+
+def round19_moments() -> dict[str, dict]:
+    """Per ZenFlow run of round 19 at interval 4: the optimizer process's largest private memory over the run (GiB,
+    sampled each second), the moments labs.memory counts for the code it ran (8 bytes per parameter per set, GiB),
+    and labs.memory's host figure for the node (GiB)."""
+    found = {}
+    for name, moments in (("ft_zfm64", "labs"), ("ft_zfm64_ctl", "deepspeed")):
+        peaks = host_samples.read(ROUND19 / name)["peaks"]
+        estimate = memory.from_run(ROUND19 / name, zenflow_moments=moments)
+        found[name] = dict(private_gib=peaks[("ZenFlow's optimizer process", "RssAnon")],
+                           moments_gib=(1 if moments == "labs" else 2) * 8 * estimate.params / 2**30,
+                           host_gib=estimate.host_per_node_bytes / 2**30)
+    return found
