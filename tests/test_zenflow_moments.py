@@ -173,4 +173,12 @@ def test_round_19_measured_one_set_of_moments_and_the_readme_holds_what_chapter_
     for name in zmr.ROUND19_RUNS[1:]:
         memory = f"{moments[name]['private_gib']:.1f} GiB" if name in moments else "not sampled"
         assert f"| {zmr.ROUND19_LABELS[name]} | {target['hidden'][name]:.1%} | {gaps[name]:+.2f} | {memory} |" in readme
-    assert f"by {gaps['ft_zfm64_ctl'] - gaps['ft_zfm64']:.2f} over\nsteps 49-64" in readme
+    prose = " ".join(readme.split())
+    one, two = moments["ft_zfm64"], moments["ft_zfm64_ctl"]
+    assert one["least_second"] < one["process_from_second"] and two["least_second"] > two["process_from_second"]
+    for figure in (f"by {gaps['ft_zfm64_ctl'] - gaps['ft_zfm64']:.2f} over steps 49-64",
+                   f"{one['least_available_running_gib'] - two['least_available_running_gib']:.1f} GiB more available",
+                   f"{one['least_available_gib']:.1f} GiB available against the control's "
+                   f"{two['least_available_gib']:.1f}, "
+                   f"{one['least_available_gib'] - two['least_available_gib']:.1f} GiB less tight"):
+        assert figure in prose, figure

@@ -128,14 +128,23 @@ def round19_target() -> dict:
 
 
 def round19_moments() -> dict[str, dict]:
-    """Per ZenFlow run of round 19 at interval 4: the optimizer process's largest private memory over the run (GiB,
-    sampled each second), the moments labs.memory counts for the code it ran (8 bytes per parameter per set, GiB),
-    and labs.memory's host figure for the node (GiB)."""
+    """Per ZenFlow run of round 19 at interval 4, from its host samples (each second) and labs.memory: the optimizer
+    process's largest private memory (GiB), 8 bytes per parameter per set of moments (GiB), the host's least available
+    memory over the whole run and while the optimizer process ran (GiB, with the second of the run), the training
+    rank's shared memory at its largest and while the process ran (GiB), and labs.memory's host figure for the node
+    (GiB), which models training, not the start-up."""
     found = {}
     for name, moments in (("ft_zfm64", "labs"), ("ft_zfm64_ctl", "deepspeed")):
-        peaks = host_samples.read(ROUND19 / name)["peaks"]
+        host = host_samples.read(ROUND19 / name)
+        running = [t for t in host["timeline"] if "ZenFlow's optimizer process RssAnon" in t]
+        least, least_running = (min(seconds, key=lambda t: t["available_gib"]) for seconds in (host["timeline"], running))
         estimate = memory.from_run(ROUND19 / name, zenflow_moments=moments)
-        found[name] = dict(private_gib=peaks[("ZenFlow's optimizer process", "RssAnon")],
+        found[name] = dict(private_gib=host["peaks"][("ZenFlow's optimizer process", "RssAnon")],
                            moments_gib=(1 if moments == "labs" else 2) * 8 * estimate.params / 2**30,
+                           total_gib=host["total_gib"], least_available_gib=least["available_gib"],
+                           least_second=least["second"], process_from_second=running[0]["second"],
+                           least_available_running_gib=least_running["available_gib"],
+                           rank_shared_gib=host["peaks"][("training rank", "RssShmem")],
+                           rank_shared_running_gib=max(t["training rank RssShmem"] for t in running),
                            host_gib=estimate.host_per_node_bytes / 2**30)
     return found
