@@ -122,6 +122,9 @@ def plan(resume, spec: dict, resolved: dict) -> dict:
                         "(ZeRO-3 stays ZeRO-3); keep the stage family, or export the model (labs export RUN_DIR "
                         "OUT_DIR) and start a new run from it with --model-path OUT_DIR")
     _check_zenflow_layout(path, resolved)
+    note = zenflow_moments_note(path)
+    if note:
+        print(note, file=sys.stderr, flush=True)
     local = Path(checkpoint.FOLDER) / path.name        # the copy in the new run folder, relative to it
     return dict(run=str(run_dir.resolve()), source=str(path.resolve()), step=saved["step"],
                 universal=universal, checkpoint=str(local),
@@ -142,6 +145,19 @@ def _check_zenflow_layout(path: Path, resolved: dict) -> None:
                         f"on {asked} it; ZenFlow stores matrices transposed in the optimizer's flat partitions, so the "
                         "weights would be scrambled: keep the run's config (or its zenflow block), or export the model "
                         "(labs export RUN_DIR OUT_DIR) and start a new run from it with --model-path OUT_DIR")
+
+
+def zenflow_moments_note(path: Path) -> str | None:
+    """ZenFlow with overlap_step keeps its CPU Adam moments in its optimizer process, and DeepSpeed 0.19.8 saves the
+    training process's optimizer state, which holds none (tests/test_zenflow.py checks a checkpoint): a resumed run
+    restarts them from zero, and labs.zenflow_moments counts its updates from 1 again, which matches. Said once, at
+    resume; the weights, the fp32 masters and the GPU's columns are restored."""
+    zenflow = (checkpoint.ds_config(path).get("zero_optimization") or {}).get("zenflow") or {}
+    if not zenflow.get("overlap_step"):
+        return None
+    return (f"labs: note: checkpoint '{path.name}' was written by ZenFlow with overlap_step, whose CPU Adam moments "
+            "live in its optimizer process and are not in the checkpoint (DeepSpeed 0.19.8): they restart from zero "
+            "in this run, so its losses will not repeat an unbroken run's")
 
 
 def prepare_work(spec: dict, work: Path) -> None:

@@ -307,11 +307,19 @@ def test_zenflow_with_the_overlapped_step_trains(tmp_path):
     nothing is pinned), choosing its top-k columns again every 2 steps (labs' refresh of the master weights). The run
     ends, its optimizer process with it, and the loss falls."""
     config_path = _zenflow_config(tmp_path, update_interval=1, select_strategy="step", select_interval=2)
-    result = run_labs("train", "--preset", "tiny", "--config", config_path,
-                      "--nproc", 1, "--steps", 6, "--lr", 1e-2, "--out", tmp_path / "zf", "--quiet", timeout=300)
+    result = run_labs("train", "--preset", "tiny", "--config", config_path, "--nproc", 1, "--steps", 6,
+                      "--lr", 1e-2, "--save-every", 6, "--out", tmp_path / "zf", "--quiet", timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     losses = _losses(tmp_path / "zf")
     assert losses[-1] < losses[0] - 0.05, losses
+    # Its checkpoint holds no CPU Adam state: the moments lived in the optimizer process (labs.resume says so at
+    # resume). The sequential path keeps them in the training process and saves them (the first test resumes one).
+    saved = next((tmp_path / "zf" / "checkpoints").glob("step*"))
+    optim = torch.load(next(saved.glob("*optim_states.pt")), map_location="cpu", weights_only=False)
+    assert optim["optimizer_state_dict"]["base_optimizer_state"]["state"] == {}
+    from labs import resume
+    assert "are not in the checkpoint" in resume.zenflow_moments_note(saved)
+    assert resume.zenflow_moments_note(saved.parent.parent) is None         # a folder without a checkpoint's config
 
 
 def test_update_interval_auto_is_refused_before_any_rank_starts(tmp_path):
