@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from conftest import ROOT, run_labs
-from labs import config, launch, resolve, train, zenflow_host, zenflow_layout
+from labs import config, launch, resolve, resume, train, zenflow_host, zenflow_layout
 from labs.errors import LabsError, RankFailed
 
 ZENFLOW = ROOT / "ds_configs/bench/labs_zero2_offload_zenflow.json"
@@ -317,7 +317,6 @@ def test_zenflow_with_the_overlapped_step_trains(tmp_path):
     saved = next((tmp_path / "zf" / "checkpoints").glob("step*"))
     optim = torch.load(next(saved.glob("*optim_states.pt")), map_location="cpu", weights_only=False)
     assert optim["optimizer_state_dict"]["base_optimizer_state"]["state"] == {}
-    from labs import resume
     assert "are not in the checkpoint" in resume.zenflow_moments_note(saved)
     assert resume.zenflow_moments_note(saved.parent.parent) is None         # a folder without a checkpoint's config
 
