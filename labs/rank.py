@@ -4,6 +4,11 @@ It wires the two halves together: the rank loop (labs.train) and the instruments
 (labs.instruments), then leaves the way a finished rank must. Any failure is written to RUN_DIR/rankN.err,
 so the launcher can show the rank that failed first with its own traceback.
 """
+import gc
+
+gc.disable()    # start-up makes ~700,000 objects and next to no garbage: labs.train.main turns the collector back on
+                # once the engine is built (train.settle_startup_objects)
+
 import json
 import multiprocessing
 import os

@@ -56,3 +56,20 @@ def test_rank_failure_raises_with_the_rank_traceback(tmp_path):
     assert first.startswith(("labs: rank 0 failed: ", "labs: rank 1 failed: ")) and "momentum_decay" in first
     assert "Traceback" in result.stderr
     assert not (tmp_path / "run").exists() and not list(tmp_path.glob(".run*"))
+
+
+def test_start_up_objects_are_frozen_and_the_collector_runs_again():
+    """labs.rank turns the garbage collector off for start-up (imports, engine); labs.train.main then freezes what
+    start-up made and turns it back on: a rank that trained for hours with the collector off would leak every cycle."""
+    import gc
+
+    from labs import train
+
+    gc.disable()
+    try:
+        frozen = gc.get_freeze_count()
+        train.settle_startup_objects()
+        assert gc.isenabled() and gc.get_freeze_count() > frozen
+    finally:
+        gc.unfreeze()
+        gc.enable()
