@@ -3,12 +3,15 @@ environment of the ranks it starts."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib.metadata as md
+import json
 import os
 import platform
 import re
 import sys
 import types
+from pathlib import Path
 
 import torch
 
@@ -171,7 +174,48 @@ def name_deepspeed_accelerator() -> str:
     """Tell DeepSpeed which accelerator this process has (cuda with a GPU, else cpu) before it is first imported, as
     `repaired_environment` does for the ranks; left to guess, DeepSpeed logs a warning ("Setting accelerator to
     CPU ...") on every machine without a GPU. A value already set wins. Returns the name."""
+    serve_cpu_info_from_cache()
     return os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
+
+
+def serve_cpu_info_from_cache(folder: str | None = None):
+    """Answer py-cpuinfo's `get_cpu_info()` from a file after its first answer on this machine. DeepSpeed asks it up
+    to three times in each process that builds CPU Adam (the op's -march and SIMD flags, then the optimizer's vendor
+    check), and every answer costs about a second of CPU: py-cpuinfo starts a Python process that probes and times
+    the CPU (73 such processes, 65 s of CPU, in one `make test` on a 2-core VM). The file sits beside DeepSpeed's
+    just-in-time builds, which are built for this CPU too, under a name that holds the CPU's model and flags.
+    DeepSpeed reads only the architecture, vendor and flags; the cached clock figures are the first call's."""
+    try:
+        import cpuinfo
+    except ImportError:
+        return
+    if getattr(cpuinfo.get_cpu_info, "served_by_labs", False):
+        return
+    measure = cpuinfo.get_cpu_info
+    path = Path(folder or extensions_dir()) / f"cpu_info-{_cpu_fingerprint()}.json"
+
+    def get_cpu_info():
+        with contextlib.suppress(OSError, ValueError):
+            return json.loads(path.read_text())
+        info = measure()
+        with contextlib.suppress(OSError):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            partial = path.with_name(f".{path.name}.{os.getpid()}")
+            partial.write_text(json.dumps(info))
+            partial.replace(path)          # whole or absent: two processes may write it at once
+        return info
+
+    get_cpu_info.served_by_labs = True
+    cpuinfo.get_cpu_info = get_cpu_info    # DeepSpeed imports it from the package at each call
+
+
+def _cpu_fingerprint() -> str:
+    """A short digest of what names this CPU: its model and flags (the first processor in /proc/cpuinfo)."""
+    text = platform.machine() + platform.processor()
+    with contextlib.suppress(OSError):
+        first = Path("/proc/cpuinfo").read_text().split("\n\n")[0]
+        text += "\n".join(line for line in first.splitlines() if line.startswith(("vendor_id", "model name", "flags")))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _deepspeed_ops() -> dict:

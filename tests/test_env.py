@@ -58,3 +58,24 @@ def test_cpu_ranks_ask_glibc_for_huge_pages_unless_the_user_chose(tmp_path):
     assert huge_kib[env.MALLOC_TUNABLES] >= 32 * 1024, huge_kib      # most of the 64 MiB buffer
     if "[madvise]" in open(thp).read():
         assert huge_kib[""] == 0, huge_kib                            # only on request
+
+
+def test_cpu_info_is_measured_once_per_machine_and_then_read(tmp_path, monkeypatch):
+    """DeepSpeed's CPU Adam asks py-cpuinfo three times per process, ~1 s each: labs answers from a file after the
+    first measurement, in this process and in the next (a second serve, as a new rank would do, measures nothing)."""
+    import cpuinfo
+
+    from labs import env
+
+    found = {"arch": "X86_64", "flags": ["avx2"], "vendor_id_raw": "GenuineIntel"}
+    calls = []
+
+    def measure():
+        calls.append(1)
+        return found
+
+    for _process in range(2):
+        monkeypatch.setattr(cpuinfo, "get_cpu_info", measure)
+        env.serve_cpu_info_from_cache(str(tmp_path))
+        assert [cpuinfo.get_cpu_info() for _ in range(3)] == [found] * 3
+    assert len(calls) == 1 and [p.name.startswith("cpu_info-") for p in tmp_path.iterdir()] == [True]
