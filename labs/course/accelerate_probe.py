@@ -12,6 +12,8 @@ import torch
 from accelerate import Accelerator, PartialState
 from accelerate.state import AcceleratorState
 
+from labs import env
+
 
 def seen(accelerator) -> dict:
     return dict(num_processes=accelerator.num_processes, distributed_type=str(accelerator.distributed_type.value),
@@ -20,6 +22,9 @@ def seen(accelerator) -> dict:
 
 if __name__ == "__main__":
     folder = Path(sys.argv[-1])
+    # With --use_deepspeed, Accelerator() starts DeepSpeed's comm layer, which on a CPU compiles its shared-memory op
+    # first (34-41 s on 2 cores, once per environment) for a method training never calls: as labs.course.route_rank
+    env.skip_shm_comm_op()
     plain = seen(Accelerator())
     fixed = None                     # a GPU host needs no fix: accelerate finds NCCL there
     if not torch.cuda.is_available():
