@@ -1,3 +1,4 @@
+import gc
 import os
 import subprocess
 import sys
@@ -6,6 +7,13 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def pytest_collection_finish(session):
+    """Every test module is imported now, and with them torch, DeepSpeed and transformers: move those objects out of
+    the garbage collector's reach (as labs.rank does), so its full passes during the tests stop walking them again
+    and again. tests/test_memory.py with five other in-process files: 24.7 s before, 20.6 s after (2-core VM)."""
+    gc.freeze()
 
 
 def interruptible(command: list[str]) -> list[str]:
