@@ -39,10 +39,9 @@ train: $(STAMP)
 
 # `make test` runs two streams side by side on two cores (`make unit` alone kept 1.5 of 2 cores busy: rank start-up,
 # rendezvous, kernels waiting on their ranks): the unit tests then chapter 9, and chapters 0-8, about as long as each
-# other (chapter 8 moved across on 2026-12-05: with it, unit then 8-9 took 16:22 on a 2-core VM, 0-7 12:55, chapter 8
-# about 2 minutes); each line is prefixed with what printed it. One cache of finished runs serves both
-# (labs/runcache.py):
-# a run the tests launched is not trained again when a chapter asks for the very same run; a chapter that asks while
+# other (a fresh clone on a 2-core VM, 2026-12-05: unit then chapter 9 15:52, chapters 0-8 16:38, no notebook short
+# enough to even them further); each line is prefixed with what printed it. One cache of finished runs serves both
+# (labs/runcache.py): a run the tests launched is not trained again when a chapter asks for the very same run; a chapter that asks while
 # a test trains it waits for it. The chapters write their runs under the same temporary folder (LABS_RUNS), not into
 # runs/, removed when the target ends. The launch report at the end says how many runs were trained or reused and
 # which took longest (tools/).

@@ -47,7 +47,10 @@ def repaired_environment(nproc: int, cpu_offload: bool, base: dict | None = None
         # which zeroes fresh ones one 4 KiB fault at a time: on this course's 2-core VM, 22% of a tiny 2-rank run's
         # busy CPU samples (perf) were the kernel's clear_page. Transparent huge pages for malloc's memory
         # (glibc >= 2.35; nothing changes where the kernel's THP is off) took tests/test_train.py from 69 s to 54 s
-        # there (user + sys CPU from 101 s to 76 s). A user's own GLIBC_TUNABLES wins.
+        # there (user + sys CPU from 101 s to 76 s). A user's own GLIBC_TUNABLES wins. The trade-off, measured on that VM
+        # (its hypervisor takes freed memory back): fresh huge pages cost ~8 s per GiB to fault in, 4 KiB pages ~0.4 s,
+        # while reused huge pages cost ~0.05 s; a 2-rank, 8-step tiny launch still spent less system CPU with them
+        # (12.5-13.4 s) than without (14.3-16.9 s) or with glibc's mmap and trim thresholds raised (19.6-20.8 s).
         env.setdefault("GLIBC_TUNABLES", MALLOC_TUNABLES)
     # DeepSpeed's just-in-time ops are built per Python environment: keep each environment's builds (and their
     # lock files) apart, so two checkouts never wait on, or load, each other's build.
