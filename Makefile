@@ -41,8 +41,8 @@ train: $(STAMP)
 # rendezvous, kernels waiting on their ranks): the unit tests then chapter 9, and chapters 0-8, about as long as each
 # other (a fresh clone on a 2-core VM, 2026-12-05: unit then chapter 9 15:52, chapters 0-8 16:38, no notebook short
 # enough to even them further); each line is prefixed with what printed it. One cache of finished runs serves both
-# (labs/runcache.py): a run the tests launched is not trained again when a chapter asks for the very same run; a chapter that asks while
-# a test trains it waits for it. The chapters write their runs under the same temporary folder (LABS_RUNS), not into
+# (labs/runcache.py): a run the tests launched is not trained again when a chapter asks for the very same run; a
+# chapter that asks while a test trains it waits for it. The chapters write their runs under the same temporary folder (LABS_RUNS), not into
 # runs/, removed when the target ends. The launch report at the end says how many runs were trained or reused and
 # which took longest (tools/).
 LATE_CHAPTERS := notebooks/09_qwen7b_on_gpu.ipynb

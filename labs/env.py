@@ -176,7 +176,8 @@ def report() -> dict:
 def name_deepspeed_accelerator() -> str:
     """Tell DeepSpeed which accelerator this process has (cuda with a GPU, else cpu) before it is first imported, as
     `repaired_environment` does for the ranks; left to guess, DeepSpeed logs a warning ("Setting accelerator to
-    CPU ...") on every machine without a GPU. A value already set wins. Returns the name."""
+    CPU ...") on every machine without a GPU. A value already set wins. Returns the name. Also makes this process
+    read py-cpuinfo's answer from the machine's file (`serve_cpu_info_from_cache`), before DeepSpeed first asks."""
     serve_cpu_info_from_cache()
     return os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
 
