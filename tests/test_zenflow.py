@@ -169,23 +169,28 @@ def _exports_the_model_it_trained_and_resumes_only_with_zenflow(run, tmp_path):
     assert not (tmp_path / "refused").exists()
 
 
-def test_zenflow_host_shares_each_storage_once_in_place_then_empties_the_cache_then_registers():
-    """labs.zenflow_host's move (the pinning itself needs a GPU): every storage DeepSpeed would hand the optimizer
-    process goes to shared memory in place, so views made earlier (DeepSpeed's gradient slices) follow it; the pinned
-    cache is emptied after the moves and before any block is page-locked; each storage is registered once, whole."""
-    master, grad0, grad1 = torch.arange(12.0), torch.zeros(12), torch.ones(12)
+def test_zenflow_host_shares_each_storage_once_in_place_emptying_the_cache_after_each_pinned_one(monkeypatch):
+    """labs.zenflow_host's move (the pinning itself needs a GPU, so two tensors here say they are page-locked): every
+    storage DeepSpeed would hand the optimizer process goes to shared memory in place, so views made earlier
+    (DeepSpeed's gradient slices) follow it; page-locked ones go first, and the pinned cache is emptied right after
+    each of them, so no two pinned originals wait in it beside their shared copies (round 19's start-up peak); each
+    storage is registered once, whole, after every move."""
+    grad1, master, grad0 = torch.ones(12), torch.arange(12.0), torch.zeros(12)
+    pinned_at_start = {master.untyped_storage().data_ptr(), grad0.untyped_storage().data_ptr()}
+    monkeypatch.setattr(torch.Tensor, "is_pinned",
+                        lambda t: not t.is_shared() and t.untyped_storage().data_ptr() in pinned_at_start)
     slice_of_grad0 = grad0.narrow(0, 4, 3)                          # like DeepSpeed's offload_gradient_dict entries
     done = torch.zeros(4).share_memory_()                           # already shared: nothing to move
     calls = []
     moved = zenflow_host.share_and_pin(
-        [master, grad0, grad1, grad0.view(3, 4), done], register=lambda address, size: calls.append((address, size)),
-        empty_pinned_cache=lambda: calls.append("empty"))
+        [grad1, master, grad0, grad0.view(3, 4), done], register=lambda address, size: calls.append((address, size)),
+        empty_pinned_cache=lambda: calls.append(("empty", [t.is_shared() for t in (master, grad0, grad1)])))
     assert all(t.is_shared() for t in (master, grad0, grad1)) and torch.equal(master, torch.arange(12.0))
     slice_of_grad0.fill_(7)
     assert grad0.untyped_storage().data_ptr() == slice_of_grad0.untyped_storage().data_ptr() and grad0[5] == 7
-    assert calls[0] == "empty" and sorted(calls[1:]) == sorted((t.untyped_storage().data_ptr(), 48)
-                                                               for t in (master, grad0, grad1))
-    assert moved == dict(shared_bytes=3 * 48, was_pinned_bytes=0)      # nothing can be pinned on a CPU-only torch
+    assert calls[:2] == [("empty", [True, False, False]), ("empty", [True, True, False])], calls[:2]
+    assert sorted(calls[2:]) == sorted((t.untyped_storage().data_ptr(), 48) for t in (master, grad0, grad1))
+    assert moved == dict(shared_bytes=3 * 48, was_pinned_bytes=2 * 48)
 
 
 def test_copy_in_chunks_gives_what_a_plain_cast_copy_gives():
