@@ -22,7 +22,9 @@ labs keeps one set of moments, handed to the native step as both sets (`optimize
 of updates made so far as the step: the overlapped path through the training side's handle on the native op
 (`CountedSubmit`), the sequential path in its own step (`sequential_step`, per parameter, as torch's Adam counts).
 Measured on the tiny model on a CPU (tools/zenflow_moments_loss.py, results/cpu/zenflow_moments): each change
-lowers ZenFlow's loss, one at a time; on the GPU the host memory saved is predicted by labs.memory, not yet measured.
+lowers ZenFlow's loss, one at a time. On one H200 (round 19, the 3B shape) the optimizer process held 23.3 GiB of
+private memory with one set against 46.3 GiB with two, as labs.memory predicts (23.0 and 46.0 GiB of moments), and
+the loss over steps 49-64 was 0.05 nats lower (results/gpu/zenflow_finetune_1xh200/round19).
 The moments still live only in the optimizer process: a checkpoint does not hold them (as with DeepSpeed), and a
 resumed run starts them, and the count, from zero, which is consistent (DeepSpeed's count would resume high).
 """

@@ -31,10 +31,7 @@ def cpu_shares() -> dict:
 def round18_target() -> dict:
     """The offload target over round 18's fine-tunes (zenflow_report.round14_target), the loss judged over steps
     49-64: with the fix choosing once and every 4 steps, and the control."""
-    target = z.round14_target(ROUND18, ROUND18_RUNS, z.WINDOW15, "round 18, 64 steps")
-    target["measured"] = "; ".join(f"{LABELS[n]}: {target['hidden'][n]:.1%} of no offload's tokens/s, loss "
-                                   f"{target['gaps'][n]:+.2f}" for n in ROUND18_RUNS[1:])
-    return target
+    return z.round14_target(ROUND18, ROUND18_RUNS, z.WINDOW15, "round 18, 64 steps", LABELS)
 
 
 def peaks() -> dict[str, dict]:

@@ -121,10 +121,7 @@ def lever_gains(found: dict | None = None) -> dict[str, list[float]]:
 def round19_target() -> dict:
     """The offload target over round 19's fine-tunes (zenflow_report.round14_target, steps 49-64): ZenFlow with labs'
     CPU Adam at update_interval 4 and 2, and the control with DeepSpeed's (labs' wait and fp32 columns in all three)."""
-    target = z.round14_target(ROUND19, ROUND19_RUNS, z.WINDOW15, "round 19, 64 steps")
-    target["measured"] = "; ".join(f"{ROUND19_LABELS[n]}: {target['hidden'][n]:.1%} of no offload's tokens/s, loss "
-                                   f"{target['gaps'][n]:+.2f}" for n in ROUND19_RUNS[1:])
-    return target
+    return z.round14_target(ROUND19, ROUND19_RUNS, z.WINDOW15, "round 19, 64 steps", ROUND19_LABELS)
 
 
 def round19_moments() -> dict[str, dict]:

@@ -271,12 +271,12 @@ def round12_target() -> dict:
                 met=fast and max(gaps.values()) <= LOSS_TOLERANCE, speed=speed, gaps=gaps)
 
 
-def round14_target(folder=FINETUNE, names=ROUND14, window=WINDOW, label="round 14") -> dict:
+def round14_target(folder=FINETUNE, names=ROUND14, window=WINDOW, label="round 14", labels=None) -> dict:
     """round12_target's target measured where ZenFlow is meant to run, fine-tuning weights that have learned: tokens/s
     relative to labs without offload on the same host (at its best fit, 4 x 2; ZenFlow runs 8 x 1; steps after the
     first cycle), and the loss as its mean over `window` (the same batches in every run; one step's loss swings by
-    tenths of a nat from batch to batch) against no offload's over the same steps. Stock's offload did not run on
-    this host (round 12 measured it on another), so the ratio over stock is not judged here."""
+    tenths of a nat from batch to batch) against no offload's over the same steps (stock's offload did not run on this
+    host, so no ratio over stock). `labels` (run -> words): "measured" names the runs so, with speed and gap only."""
     runs = finetune_runs(folder, names)
     none = runs[names[0]]
     zenflow = list(names[1:])
@@ -284,12 +284,13 @@ def round14_target(folder=FINETUNE, names=ROUND14, window=WINDOW, label="round 1
     gaps = {name: window_mean(runs[name]["losses"], window) - window_mean(none["losses"], window) for name in zenflow}
     landed = {name: [k for k in landed_updates(name, folder) if k < window[-1]] for name in zenflow}
     intervals = {name: update_interval(name, folder) for name in zenflow}
+    measured = "; ".join(f"{labels[n]}: {hidden[n]:.1%} of no offload's tokens/s, loss {gaps[n]:+.2f}" if labels else
+                         f"update_interval {intervals[n]}{choosing(n, folder)}: {hidden[n]:.1%} of no offload's "
+                         f"tokens/s, loss {gaps[n]:+.2f}, {len(landed[n])} full updates felt by step {window[-1]}"
+                         for n in zenflow)
     return dict(target=f"ZenFlow fine-tuning ({label}, same host): tokens/s >= 90% of no offload's, loss (mean of "
                        f"steps {window[0]}-{window[-1]}) within {LOSS_TOLERANCE} of no offload's",
-                measured="; ".join(f"update_interval {intervals[n]}{choosing(n, folder)}: {hidden[n]:.1%} of no "
-                                   f"offload's tokens/s, loss {gaps[n]:+.2f}, {len(landed[n])} full updates felt by "
-                                   f"step {window[-1]}"
-                                   for n in zenflow),
+                measured=measured,
                 met=any(hidden[n] >= 0.9 and gaps[n] <= LOSS_TOLERANCE for n in zenflow),
                 hidden=hidden, gaps=gaps, landed=landed, intervals=intervals)
 
