@@ -231,6 +231,14 @@ def test_readme_quotes_the_recorded_round_2_numbers():
         if row["repeat_ratio"]:
             expected.append(f"repeat {row['run']}2: {row['repeat_ratio']:.2f}x")
     expected.append(f"labs at most {one.cap_bound()['at_most']:.2f}x")
+    card = one.real_card()
+    h100 = {r["case"]: r for r in card["cases"]}
+    over = [r["over_capped"] for r in card["cases"] if r["over_capped"]]
+    expected += [f"{h100[card['stock']]['h100']:,.0f}", f"{h100[card['labs']]['h100']:,.0f}", f"{card['ratio']:.2f}x",
+                 f"stock first: {card['repeat_ratio']:.2f}x", f"{min(over):.3f}-{max(over):.3f}",
+                 f"{card['failed'][0]['case'].split('-')[1].replace('zero', 'ZeRO-')} at 1 x 8"]
+    h100_labs = g.best(one.REAL_CARD["sweep"], "labs")
+    expected.append(f"{h100_labs['mfu']:.1%} ({h100_labs['mfu_causal']:.1%})")
     x_stock = g.best(one.SWEEPS["x"], "stock")
     expected += [f"ran {x_stock['tokens_per_s_per_gpu'] / w_rows[stock]['tokens_per_s_per_gpu']:.2f}x the autotuned pick",
                  f"labs gains {one.best_vs_best()[0]['ratio']:.2f}x"]
@@ -264,3 +272,26 @@ def test_planner_scales_by_flops_per_sequence_and_keeps_its_ranking():
         for case, row in ar.bench_rows(name).items():
             ratio = predicted[case.replace("-gpus1", "").replace("stageonly-", "")] / row["tokens_per_s_per_gpu"]
             assert 0.9 < ratio < 1.1, (name, case, ratio)
+
+
+def test_chapter_9s_recipes_are_labs_train_lines_that_run_the_measured_case():
+    """gpu_report.recipes() prints, per setup, a `labs train` line for labs' best measured case: each must parse and
+    pass labs' input checks (on this CPU: Liger swapped for the chunked loss and stock kernels, which need no GPU, and
+    no memory check), with the case's engine, checkpointing, micro-batch and accumulation."""
+    import shlex
+
+    from labs import cli, launch, multinode
+    from labs.course import gpu_report
+
+    parser = cli._Parser(prog="labs")
+    cli._train_args(parser.add_subparsers(dest="command", parser_class=cli._Parser))
+    for recipe in gpu_report.recipes():
+        line = recipe["command"].replace("--loss liger", "--loss chunked").replace("--kernels liger", "--kernels stock")
+        assert line != recipe["command"], "labs' best is expected to use Liger"
+        args = vars(parser.parse_args([*shlex.split(line)[1:], "--no-memory-check", "--out", "/nonexistent/x"]))
+        spec, resolved = launch.inputs(**{k: v for k, v in args.items()
+                                          if k not in ("command", "quiet", "slurm", "resume", *multinode.FLAGS)})
+        side, engine, ck, mb, ga = recipe["labs"].split("-")
+        assert (side, spec["engine"], spec["activation_checkpointing"], resolved["train_micro_batch_size_per_gpu"],
+                resolved["gradient_accumulation_steps"], spec["nproc"]) == (
+            "labs", engine, ck[2:], int(mb[2:]), int(ga[2:]), recipe["gpus"]), (recipe, spec)

@@ -76,6 +76,38 @@ def best(suffix: str, side: str, offload: bool | None = None) -> dict:
     return max(ok, key=lambda r: r["tokens_per_s_per_gpu"])
 
 
+# What to run: (GPUs, model, memory per GPU, the sweep that measured both sides' best there at 8 sequences per GPU)
+RECIPES = ((2, "qwen2.5-7b", "141 GB (H200)", RUNS["sweep"]), (2, "qwen2.5-7b", "80 GB (H200 capped)", RUNS["cap"]),
+           (1, "qwen2.5-3b", "141 GB (H200)", "x_sweep_3b_1xh200"), (1, "qwen2.5-3b", "80 GB (H200 capped)",
+                                                                      "y_sweep_cap80_3b_1xh200"))
+
+
+def train_command(suffix: str, case: str, gpus: int) -> str:
+    """The `labs train` line that runs a recorded case as a training run (its options as the bench launched it, less
+    the cap: on a card of that size it is the card's whole memory)."""
+    options = result_file(suffix)["cases"][case]["options"]
+    flags = [f"--preset {options['preset']}", f"--config bench/{options['config'].rsplit('/', 1)[-1]}"]
+    flags += [f"--{key.replace('_', '-')} {options[key]}" for key in ("engine", "loss", "kernels",
+              "activation_checkpointing", "micro_batch", "grad_accum") if options.get(key) not in (None, "None")]
+    return " ".join(["labs train", *flags, f"--nproc {gpus}"])
+
+
+def recipes() -> list[dict]:
+    """Per setup of RECIPES: each side's fastest measured case, its tokens/s per GPU, MFU, peak and the ratio, with
+    the `labs train` line for labs' (same tokens per optimizer step on both sides, one invocation)."""
+    rows = []
+    for gpus, preset, budget, suffix in RECIPES:
+        labs, stock = best(suffix, "labs"), best(suffix, "stock")
+        assert labs["tokens_per_step"] == stock["tokens_per_step"], suffix          # like for like
+        rows.append(dict(gpus=gpus, preset=preset, budget=budget, run=results.run_label("2026-00-00_" + suffix),
+                         labs=labs["case"], labs_tokens_per_s=labs["tokens_per_s_per_gpu"], mfu=labs["mfu"],
+                         mfu_causal=labs["mfu_causal"], peak_gib=labs["peak_gib"], stock=stock["case"],
+                         stock_tokens_per_s=stock["tokens_per_s_per_gpu"],
+                         ratio=labs["tokens_per_s_per_gpu"] / stock["tokens_per_s_per_gpu"],
+                         command=train_command(suffix, labs["case"], gpus)))
+    return rows
+
+
 def planner_check(suffix: str) -> list[dict]:
     """Per side: the case the planner ranked first (from runs recorded before this one) against the best measured."""
     rows = case_rows(suffix)

@@ -18,6 +18,8 @@ REPEATS = dict(x="x2_repeat_3b_1xh200", z="z2_repeat_7b_1xh200")     # each side
 # DeepSpeed's ops compiled on the same host (the file's annotation), so its peaks count and its speeds do not
 CAP_AFTER_FIX = "y2_repeat_cap80_3b_1xh200"
 SETUPS = dict(x=("qwen2.5-3b", None), y=("qwen2.5-3b", "H100"), z=("qwen2.5-7b", None))   # preset, --gpu-memory
+# Round 21: run y on a real H100 80GB (no cap: the card's own memory), then each side's best again, stock first
+REAL_CARD = dict(sweep="y3_sweep_3b_1xh100", repeat="y4_repeat_3b_1xh100")
 
 
 def best_vs_best() -> list[dict]:
@@ -110,3 +112,31 @@ def cap_bound() -> dict:
     return dict(stock_zero2=y2["tokens_per_s"], stock_best_y=stock["tokens_per_s_per_gpu"],
                 labs_best_y=labs["tokens_per_s_per_gpu"], at_most=labs["tokens_per_s_per_gpu"] / y2["tokens_per_s"],
                 planner_pick_over_it=stock["tokens_per_s_per_gpu"] / y2["tokens_per_s"])
+
+
+def real_card() -> dict:
+    """Run y on a real H100 (y3, and its repeat y4) against run y on the H200 capped at an H100's memory: per case the
+    tokens/s on each (the H100's over the capped H200's) and the peak; each side's best on the H100 and the ratio in
+    both invocations; and each case that ran out of memory on the card, with what PyTorch held and asked for."""
+    capped = {r["case"]: r for r in gpu_report.case_rows(SWEEPS["y"]) if r["status"] == "ok"}
+    again = {r["case"]: r for r in gpu_report.case_rows(REAL_CARD["repeat"]) if r["status"] == "ok"}
+    cases, failed = [], []
+    for r in gpu_report.case_rows(REAL_CARD["sweep"]):
+        if r["status"] != "ok":
+            error = gpu_report.result_file(REAL_CARD["sweep"])["cases"][r["case"]]["error"]
+            said = {key: float(re.search(pattern, error).group(1)) for key, pattern in (
+                ("capacity", r"total capacity of ([\d.]+) GiB"), ("in_use", r"process has ([\d.]+) GiB memory in use"),
+                ("allocated", r"([\d.]+) GiB is allocated by PyTorch"), ("requested", r"Tried to allocate ([\d.]+) GiB"),
+                ("reserved_unused", r"([\d.]+) GiB is reserved by PyTorch but unallocated"))}
+            failed.append(dict(case=r["case"], **said, outside_pytorch=said["in_use"] - said["allocated"]
+                               - said["reserved_unused"]))
+            continue
+        y = capped.get(r["case"])
+        cases.append(dict(case=r["case"], h100=r["tokens_per_s_per_gpu"], repeat=again.get(r["case"], {}).get(
+            "tokens_per_s_per_gpu"), capped_h200=y and y["tokens_per_s_per_gpu"], peak_gib=r["peak_gib"],
+            capped_peak_gib=y and y["peak_gib"], over_capped=y and r["tokens_per_s_per_gpu"] / y["tokens_per_s_per_gpu"]))
+    labs, stock = (gpu_report.best(REAL_CARD["sweep"], side) for side in ("labs", "stock"))
+    return dict(cases=cases, failed=failed, labs=labs["case"], stock=stock["case"],
+                ratio=labs["tokens_per_s_per_gpu"] / stock["tokens_per_s_per_gpu"],
+                repeat_ratio=again[labs["case"]]["tokens_per_s_per_gpu"] / again[stock["case"]]["tokens_per_s_per_gpu"],
+                planner=gpu_report.planner_check(REAL_CARD["sweep"]))
