@@ -57,8 +57,9 @@ def check(id: str, answer) -> bool:
 
 
 def show(chapter: str):
+    """Every exercise of a chapter ("09"), or one exercise ("09.1")."""
     for ex in EXERCISES.values():
-        if ex.id.startswith(chapter + "."):
+        if ex.id == chapter or ex.id.startswith(chapter + "."):
             print(f"{ex.id}  {ex.question}  [answer in {ex.unit}]")
 
 
