@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from labs import (checkpoint, cpu_matmul, data, env, fsdp, metrics, models, peers, zenflow_columns, zenflow_host,
                   zenflow_layout, zenflow_moments)
+from labs.card_cap import CardCap
 
 
 class Instrument:
@@ -55,7 +56,7 @@ def main(run_dir: Path, instruments: list[Instrument] = ()):
     spec = json.loads((run_dir / "run.json").read_text())
     ds_config = json.loads((run_dir / "ds_config.json").read_text())
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    device = _device(int(os.environ["LOCAL_RANK"]), spec.get("gpu_memory_bytes"))
+    device, cap = _device(int(os.environ["LOCAL_RANK"]), spec.get("gpu_memory_bytes"))
     for instrument in instruments:
         instrument.before_engine()
     engine = build_engine(spec, ds_config, device)
@@ -77,6 +78,8 @@ def main(run_dir: Path, instruments: list[Instrument] = ()):
     for step in range(done + 1, spec["steps"] + 1):
         for instrument in instruments:
             instrument.step_begin()
+        if cap:
+            cap.apply()                  # --gpu-memory: what the smaller card's context would take, as it grows
         _sync(device)
         start = time.perf_counter()
         lr = engine.get_lr()[0]          # the rate this step's update uses (the scheduler moves on after it)
@@ -171,15 +174,15 @@ def build_engine(spec: dict, ds_config: dict, device: torch.device):
     return engine
 
 
-def _device(local_rank: int, memory_cap_bytes: int | None = None) -> torch.device:
+def _device(local_rank: int, memory_cap_bytes: int | None = None) -> tuple[torch.device, CardCap | None]:
+    """This rank's device, and with --gpu-memory the cap that makes it behave like a smaller card (labs.card_cap)."""
     if torch.cuda.is_available():
         torch.cuda.set_device(local_rank)
-        if memory_cap_bytes:
-            # Behave like a smaller card (e.g. an 80 GB H100 on an H200): the caching allocator refuses more.
-            total = torch.cuda.get_device_properties(local_rank).total_memory
-            torch.cuda.set_per_process_memory_fraction(min(1.0, memory_cap_bytes / total), local_rank)
-        return torch.device("cuda", local_rank)
-    return torch.device("cpu")
+        cap = CardCap(local_rank, memory_cap_bytes) if memory_cap_bytes else None
+        if cap:
+            cap.apply()
+        return torch.device("cuda", local_rank), cap
+    return torch.device("cpu"), None
 
 
 def _timed(fn) -> float:
