@@ -99,7 +99,7 @@ def recipes() -> list[dict]:
     for gpus, preset, budget, suffix in RECIPES:
         labs, stock = best(suffix, "labs"), best(suffix, "stock")
         assert labs["tokens_per_step"] == stock["tokens_per_step"], suffix          # like for like
-        rows.append(dict(gpus=gpus, preset=preset, budget=budget, run=results.run_label("2026-00-00_" + suffix),
+        rows.append(dict(gpus=gpus, preset=preset, budget=budget, run=suffix.split("_")[0],
                          labs=labs["case"], labs_tokens_per_s=labs["tokens_per_s_per_gpu"], mfu=labs["mfu"],
                          mfu_causal=labs["mfu_causal"], peak_gib=labs["peak_gib"], stock=stock["case"],
                          stock_tokens_per_s=stock["tokens_per_s_per_gpu"],

@@ -55,6 +55,17 @@ def repeat_spread(run: str) -> dict[str, float]:
             if r["status"] == "ok" and r["case"] in first}
 
 
+# The figures of PyTorch's out-of-memory message (GiB), by what each says; "cap" appears only under a memory fraction
+OOM_FIGURES = dict(capacity=r"total capacity of ([\d.]+) GiB", in_use=r"process has ([\d.]+) GiB memory in use",
+                   allocated=r"([\d.]+) GiB is allocated by PyTorch", requested=r"Tried to allocate ([\d.]+) GiB",
+                   reserved_unused=r"([\d.]+) GiB is reserved by PyTorch but unallocated", cap=r"([\d.]+) GiB allowed")
+
+
+def oom_figures(error: str) -> dict[str, float]:
+    """Each figure of OOM_FIGURES that an out-of-memory message states."""
+    return {key: float(found.group(1)) for key, pattern in OOM_FIGURES.items() if (found := re.search(pattern, error))}
+
+
 def out_of_memory(run: str) -> list[dict]:
     """Every case of a sweep that ran out of GPU memory: what PyTorch held and asked for when it failed, the budget
     labs.memory counts as usable, the peak the planner predicted when it chose the case (stored with the run), and the
@@ -67,9 +78,7 @@ def out_of_memory(run: str) -> list[dict]:
     for name, case in result["cases"].items():
         if case["status"] == "ok" or "OutOfMemory" not in case.get("error", ""):
             continue
-        said = {key: float(re.search(pattern, case["error"]).group(1)) for key, pattern in (
-            ("requested", r"Tried to allocate ([\d.]+) GiB"), ("allocated", r"([\d.]+) GiB is allocated by PyTorch"),
-            ("reserved_unused", r"([\d.]+) GiB is reserved by PyTorch but unallocated"), ("cap", r"([\d.]+) GiB allowed"))}
+        said = oom_figures(case["error"])
         found.append(dict(case=name, allocated_gib=said["allocated"], requested_gib=said["requested"],
                           needed_gib=said["allocated"] + said["requested"], reserved_unused_gib=said["reserved_unused"],
                           cap_gib=said["cap"],
@@ -123,13 +132,9 @@ def real_card() -> dict:
     cases, failed = [], []
     for r in gpu_report.case_rows(REAL_CARD["sweep"]):
         if r["status"] != "ok":
-            error = gpu_report.result_file(REAL_CARD["sweep"])["cases"][r["case"]]["error"]
-            said = {key: float(re.search(pattern, error).group(1)) for key, pattern in (
-                ("capacity", r"total capacity of ([\d.]+) GiB"), ("in_use", r"process has ([\d.]+) GiB memory in use"),
-                ("allocated", r"([\d.]+) GiB is allocated by PyTorch"), ("requested", r"Tried to allocate ([\d.]+) GiB"),
-                ("reserved_unused", r"([\d.]+) GiB is reserved by PyTorch but unallocated"))}
-            failed.append(dict(case=r["case"], **said, outside_pytorch=said["in_use"] - said["allocated"]
-                               - said["reserved_unused"]))
+            said = oom_figures(gpu_report.result_file(REAL_CARD["sweep"])["cases"][r["case"]]["error"])
+            failed.append(dict(case=r["case"], **said,
+                               outside_pytorch=said["in_use"] - said["allocated"] - said["reserved_unused"]))
             continue
         y = capped.get(r["case"])
         cases.append(dict(case=r["case"], h100=r["tokens_per_s_per_gpu"], repeat=again.get(r["case"], {}).get(
