@@ -149,7 +149,8 @@ def test_planner_fits_the_recorded_runs():
 
 
 def test_readme_quotes_the_recorded_round_2_numbers():
-    """The README's H200 table is typed prose: every figure in it must be what chapter 9 computes from results/gpu."""
+    """The README's H200 table is typed prose: every figure in it must be what chapters 9 and 10 compute from
+    results/gpu."""
     from conftest import ROOT
     from labs.course import gpu_report as g
 

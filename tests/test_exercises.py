@@ -26,9 +26,9 @@ from labs.course import exercises
     ("05.4", 23.0, 24.9),                            # Qwen2.5-7B (GQA, 28 layers), not Qwen-7B's 24.9
     ("09.7", (74.1 + 98.4) / 2, 98.4 * 3 / 4),     # one more sequence's activations, not 3/4 of the whole peak
     ("09.8", 2 * 7_615_616_512 / 4 / 2**30, 2 * 7_615_616_512 / 2**30),   # a quarter of the model, not all of it
-    ("09.9", 8 * 7_615_616_512 / 2**30, 16 * 7_615_616_512 / 2**30),   # labs keeps one set of moments, not two
-    ("09.11", 0.1 / (1 - 0.9**8) / (0.05 / (1 - 0.95**8)) ** 0.5, 0.56),   # step 8's factors, not interval 4's first move
-    ("09.10", 4 * 7_615_616_512 / 46.5e9, 2 * 7_615_616_512 / 46.5e9),   # fp32 crosses, cast on the GPU after
+    ("10.1", 8 * 7_615_616_512 / 2**30, 16 * 7_615_616_512 / 2**30),   # labs keeps one set of moments, not two
+    ("10.3", 0.1 / (1 - 0.9**8) / (0.05 / (1 - 0.95**8)) ** 0.5, 0.56),   # step 8's factors, not interval 4's first move
+    ("10.2", 4 * 7_615_616_512 / 46.5e9, 2 * 7_615_616_512 / 46.5e9),   # fp32 crosses, cast on the GPU after
 ])
 def test_checkers_accept_the_answer_and_reject_others(id, right, wrong, capsys):
     unanswered = (exercises.check(id, None), capsys.readouterr().out)

@@ -43,10 +43,13 @@ ALLOWED = {
     ("06_multi_node", "25GB/s"): "a setting: the slow network the sweep assumes, inter_gbps=25 in the cell",
     ("06_multi_node", "4x"): "the ZeRO++ paper's headline (3M to 0.75M), quoted; the next cell prints the model's 4.04-4.74",
     ("09_qwen7b_on_gpu", "1,979"): "hardware: the H200's dense fp8 peak in TFLOP/s, from NVIDIA's data sheet",
-    ("09_qwen7b_on_gpu", "252GiB"): "hardware: the 2-GPU machine's host memory, recorded in results/README.md",
-    ("09_qwen7b_on_gpu", "256MiB"): "a setting: labs.zenflow_host's staging block at its default",
     ("09_qwen7b_on_gpu", "24GB"): "hardware: a consumer card's memory, the premise of a question no run measured",
     ("09_qwen7b_on_gpu", "24GiB"): "the cap that unmeasured consumer-card question would use, a premise",
+    ("10_zenflow", "252GiB"): "hardware: the 2-GPU machine's host memory, recorded in results/README.md",
+    ("10_zenflow", "256MiB"): "a setting: labs.zenflow_host's staging block at its default",
+    ("10_zenflow", "100%"): "not a measurement: all of no offload's tokens/s, the mark ZenFlow's share is read against",
+    ("10_zenflow", "1GiB"): "a threshold: zenflow_report.host_low counts the GPU let go under 1024 MiB in use",
+    ("10_zenflow", "1%"): "a bound on the measured / labs.memory ratios the cell prints (1.006 and 1.005)",
 }
 
 

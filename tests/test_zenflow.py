@@ -363,7 +363,7 @@ def test_a_run_whose_loss_turns_nan_fails_naming_the_step(tmp_path, monkeypatch)
     assert not (tmp_path / "nan").exists()
 
 
-def test_round_10s_records_hold_what_chapter_9_reads_off_them():
+def test_round_10s_records_hold_what_chapter_10_reads_off_them():
     """The recorded H200 runs of round 10 (results/gpu/zenflow_1xh200, one host): same data, seed and weights, so
     every run's step-1 loss is the model's (labs.zenflow_layout holds on a GPU too); plain offload does the same
     arithmetic as no offload, so its losses follow step for step; and ZenFlow's optimizer process holds its Adam
@@ -383,7 +383,7 @@ def test_round_10s_records_hold_what_chapter_9_reads_off_them():
     assert len(host["labs_lines"]) == 1, "the run printed labs.zenflow_host's line once (one rank)"
 
 
-def test_round_12s_records_hold_what_chapter_9_reads_off_them():
+def test_round_12s_records_hold_what_chapter_10_reads_off_them():
     """Round 12 (results/gpu/zenflow_1xh200, one host): labs' copy back changes where the time goes, not the values.
     Its losses equal round 10's overlapped run (DeepSpeed's copy) within the gap between two round-12 runs of the same
     code (GPU kernels are not bit-for-bit deterministic); its copy back is several times faster, while the wait for
@@ -408,7 +408,7 @@ def test_round_12s_records_hold_what_chapter_9_reads_off_them():
     assert not target["met"] and min(target["gaps"].values()) > 1, target["measured"]
 
 
-def test_round_14s_records_are_like_for_like_and_hold_what_chapter_9_reads_off_them():
+def test_round_14s_records_are_like_for_like_and_hold_what_chapter_10_reads_off_them():
     """Round 14 (results/gpu/zenflow_finetune_1xh200, one host): every fine-tuning run started from the weights `pre`
     trained and `labs export` wrote, on the same data, seed, lr and tokens per step, so step k of each saw the same
     batch and they start at the same loss; they differ only in ZenFlow and its update_interval. The verdict is computed

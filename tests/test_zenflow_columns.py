@@ -119,7 +119,7 @@ def test_labs_memory_counts_12_bytes_per_chosen_element_where_deepspeed_keeps_4(
         8 * zenflow_selected_elements(models.shape("qwen2.5-3b"), 0.1)
 
 
-def test_round_18_ran_like_for_like_and_its_readme_holds_what_chapter_9_computes():
+def test_round_18_ran_like_for_like_and_its_readme_holds_what_chapter_10_computes():
     """Round 18 on one H200: no offload, ZenFlow with the fix choosing once and every 4 steps, and the control with
     DeepSpeed's bf16 columns, from the same weights on the same batches (same first loss, same tokens per step). The
     fix costs the GPU 8 bytes per chosen element, as labs.memory says, and every peak is within 1% of its prediction;

@@ -129,7 +129,7 @@ def test_labs_restates_the_deepspeed_it_runs_with():
 def test_the_cpu_record_is_like_for_like_and_each_lever_lowers_the_loss_on_every_seed():
     """results/cpu/zenflow_moments (tools/zenflow_moments_loss.py): per seed every run starts from the same loss (same
     weights and batches), each lever, measured on its own, lowers the mean loss of steps 33-48 on every seed, and the
-    README's figures are the ones the report computes from the record (and chapter 9 prints)."""
+    README's figures are the ones the report computes from the record (and chapter 10 prints)."""
     from labs import ROOT
     from labs.course import zenflow_moments_report as report
 
@@ -151,7 +151,7 @@ def test_the_cpu_record_is_like_for_like_and_each_lever_lowers_the_loss_on_every
         assert figure in readme, figure
 
 
-def test_round_19_measured_one_set_of_moments_and_the_readme_holds_what_chapter_9_reads():
+def test_round_19_measured_one_set_of_moments_and_the_readme_holds_what_chapter_10_reads():
     """Round 19 on one H200: every fine-tune starts from the same weights at the same tokens per step; the control ran
     without labs.zenflow_moments (its log says so); the optimizer process held one set of moments with labs and two
     without, as labs.memory counts them (within 2%); labs' CPU Adam lowered the loss a little, not to the target; the

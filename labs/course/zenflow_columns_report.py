@@ -1,4 +1,4 @@
-"""Chapter 9's readings of ZenFlow with labs.zenflow_columns (fp32 masters for the columns it updates on the GPU):
+"""Chapter 10's readings of ZenFlow with labs.zenflow_columns (fp32 masters for the columns it updates on the GPU):
 the tiny model on a CPU (results/cpu/zenflow_columns, tools/zenflow_columns_freeze.py) and round 18 on one H200
 (results/gpu/zenflow_finetune_1xh200/round18, tools/gpu_round18.jobs: rounds 15-17's pipeline, fine-tuned with the fix
 and, as the control on the same host, without it).

@@ -1,4 +1,4 @@
-"""Chapter 9's readings of ZenFlow's CPU Adam with labs.zenflow_moments (one set of moments, updates counted): what
+"""Chapter 10's readings of ZenFlow's CPU Adam with labs.zenflow_moments (one set of moments, updates counted): what
 DeepSpeed's step count does to an update, what the second set costs in host memory (round 12's record, measured, and
 labs.memory), and the loss on the tiny model on a CPU (results/cpu/zenflow_moments, tools/zenflow_moments_loss.py).
 

@@ -1,4 +1,4 @@
-"""Chapter 9's readings of the recorded ZenFlow runs on one H200 (results/gpu/zenflow_1xh200, the Qwen2.5-3B shape,
+"""Chapter 10's readings of the recorded ZenFlow runs on one H200 (results/gpu/zenflow_1xh200, the Qwen2.5-3B shape,
 8 sequences of 4,096 tokens per optimizer step, 20 steps at a constant lr of 1e-5, same data and seed): losses and
 speed per run, what the host's OOM killer reported before labs.zenflow_host, and the host memory sampled since.
 

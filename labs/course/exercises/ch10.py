@@ -1,0 +1,43 @@
+"""Chapter 10 (ZenFlow on one H200): exercises. Each asks for a prediction from what the chapter's rounds measured; the
+expected answer is labs' formula, DeepSpeed's own CPU Adam op, or the recorded GPU runs (results/gpu/zenflow_1xh200),
+and the tolerance is what the reasoning can be expected to reach."""
+from labs import models
+from labs.course import zenflow_moments_report, zenflow_report
+from labs.course.exercises.registry import exercise
+
+QWEN = models.shape("qwen2.5-7b")
+
+
+@exercise("10.1", "ZenFlow with its overlapped step on Qwen2.5-7B (one GPU, ZeRO-2), run by labs: how many GiB of "
+          "private host memory would its optimizer process hold? Reason from what that process keeps (round 10's "
+          "intro and the section on ZenFlow's CPU Adam), or scale round 10's 3B record, made with DeepSpeed's two sets "
+          "of moments, and correct for the set labs drops.", "GiB", rel=0.02,
+          hint="it keeps Adam's two moments in fp32, one set under labs.zenflow_moments: 8 bytes per parameter of the "
+               "7.6 B; the 3B's record (two sets, 16 bytes per parameter) scales by the parameter counts, then halves")
+def _zenflow_optimizer_process_7b():
+    return 8 * models.param_counts(QWEN)["total"] / 2**30
+
+
+def _copy_back_bytes_per_second() -> float:
+    """Round 12's labs copy back: the 3B's fp32 weights over the mean copy time of its update steps."""
+    updates = zenflow_report.update_steps("zf_fast20")
+    seconds = sum(t["optimizer_transmit_time"] for t in updates) / len(updates) / 1e3
+    return 4 * zenflow_report.zenflow_runs(("zf_fast20",))["zf_fast20"]["params"] / seconds
+
+
+@exercise("10.2", "ZenFlow on Qwen2.5-7B, one GPU, with labs' copy back, on a host with the memory for it: at the "
+          "GB/s (1e9 bytes per second) round 12's copy delivered the 3B's fp32 result, how many seconds does one "
+          "update's copy of the 7B's result to the GPU take?", "s", rel=0.05,
+          hint="what crosses is the fp32 result of the optimizer process, 4 bytes per parameter of the 7.6 B (the "
+               "cast to bf16 happens on the GPU, after the crossing); divide by the 3B's GB/s")
+def _copy_back_7b():
+    return 4 * models.param_counts(QWEN)["total"] / _copy_back_bytes_per_second()
+
+
+@exercise("10.3", "DeepSpeed's ZenFlow at update_interval 8, betas (0.9, 0.95), a steady gradient: its CPU Adam's "
+          "first update is handed step 8 while its moments have seen one gradient. How far does that update move a "
+          "weight, in learning rates (Adam's answer: 1)?", "x", rel=0.03,
+          hint="after one update the moments hold 0.1 g and 0.05 g**2; DeepSpeed divides them by 1 - 0.9**8 and "
+               "1 - 0.95**8; the move is the first over the square root of the second")
+def _first_update_at_interval_8():
+    return zenflow_moments_report.moves("deepspeed", updates=1, interval=8)[0]
