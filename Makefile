@@ -38,14 +38,15 @@ train: $(STAMP)
 	  --loss $(LOSS) --kernels $(KERNELS) --activation-checkpointing $(CHECKPOINTING) $(if $(NPROC),--nproc $(NPROC))
 
 # `make test` runs two streams side by side on two cores (`make unit` alone kept 1.5 of 2 cores busy: rank start-up,
-# rendezvous, kernels waiting on their ranks): the unit tests then chapter 9, and chapters 0-8, about as long as each
-# other (a fresh clone on a 2-core VM, 2026-12-05: unit then chapter 9 15:52, chapters 0-8 16:38, no notebook short
-# enough to even them further); each line is prefixed with what printed it. One cache of finished runs serves both
-# (labs/runcache.py): a run the tests launched is not trained again when a chapter asks for the very same run; a
-# chapter that asks while a test trains it waits for it. The chapters write their runs under the same temporary folder (LABS_RUNS), not into
-# runs/, removed when the target ends. The launch report at the end says how many runs were trained or reused and
-# which took longest (tools/).
-LATE_CHAPTERS := notebooks/09_qwen7b_on_gpu.ipynb
+# rendezvous, kernels waiting on their ranks): the unit tests then the late chapters, and the other chapters, about as
+# long as each other (a fresh clone on a 2-core VM, 2026-12-05: unit then chapter 9 17:16, chapters 0-8 18:08). The
+# quickstart goes last in the unit stream: its one 30-step run is the one tests/test_train.py trains, so there it is
+# copied from the run cache, where first in the other stream it was trained (42 s). Each line is prefixed with what
+# printed it. One cache of finished runs serves both (labs/runcache.py): a run the tests launched is not trained again
+# when a chapter asks for the very same run; a chapter that asks while a test trains it waits for it. The chapters
+# write their runs under the same temporary folder (LABS_RUNS), not into runs/, removed when the target ends. The
+# launch report at the end says how many runs were trained or reused and which took longest (tools/).
+LATE_CHAPTERS := notebooks/00_quickstart.ipynb notebooks/09_qwen7b_on_gpu.ipynb notebooks/10_zenflow.ipynb
 EARLY_CHAPTERS := $(filter-out $(LATE_CHAPTERS),$(sort $(wildcard notebooks/*.ipynb)))
 test: $(STAMP)
 	cache=$$(mktemp -d) && trap 'rm -rf "$$cache"' EXIT && \
@@ -57,12 +58,12 @@ test: $(STAMP)
 # (tests/test_run_control.py) would inherit
 tests-stream: $(STAMP)
 	set -o pipefail; $(MAKE) --no-print-directory unit 2>&1 | sed -u 's/^/unit| /'; unit=$$?; \
-	  $(MAKE) --no-print-directory notebooks NOTEBOOK_FILES="$(LATE_CHAPTERS)" 2>&1 | sed -u 's/^/chapter 9| /'; \
+	  $(MAKE) --no-print-directory notebooks NOTEBOOK_FILES="$(LATE_CHAPTERS)" 2>&1 | sed -u 's/^/chapters 0, 9, 10| /'; \
 	  exit $$(( unit || $$? ))
 
 chapters-stream: $(STAMP)
 	set -o pipefail; $(MAKE) --no-print-directory notebooks NOTEBOOK_FILES="$(EARLY_CHAPTERS)" 2>&1 | \
-	  sed -u 's/^/chapters 0-8| /'
+	  sed -u 's/^/chapters 1-8| /'
 
 unit: $(STAMP)
 	$(PY) -m pytest tests -q --ignore=tests/browser --durations=15 --instafail
