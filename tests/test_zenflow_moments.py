@@ -182,3 +182,23 @@ def test_round_19_measured_one_set_of_moments_and_the_readme_holds_what_chapter_
                    f"{two['least_available_gib']:.1f}, "
                    f"{one['least_available_gib'] - two['least_available_gib']:.1f} GiB less tight"):
         assert figure in prose, figure
+
+
+def test_equal_time_rests_on_plain_offload_training_like_no_offload_and_counts_steps_by_speed():
+    """Chapter 10's verdict: plain offload's loss is read from no offload's (round 10: the same fall over 20 steps
+    from the same weights), its steps from its speed; ZenFlow's last 8 steps are worth fewer of no offload's steps
+    than plain offload makes in ZenFlow's time, and the train line parses as labs' own arguments."""
+    import shlex
+
+    from labs import cli
+    from labs.course import zenflow_moments_report as zmr
+
+    eq = zmr.equal_time()
+    assert eq["falls"][0] == pytest.approx(eq["falls"][1], abs=0.01)
+    assert eq["off_steps"] == pytest.approx(eq["steps"] * eq["off_share"] / eq["zen_share"])
+    assert 0.4 < eq["off_share"] < 0.6 and 0.85 < eq["zen_share"] < 0.95
+    assert eq["zen_worth"] < eq["off_steps"] and eq["off_loss"] < eq["zen_loss"]
+    parser = cli._Parser(prog="labs")
+    cli._train_args(parser.add_subparsers(dest="command", parser_class=cli._Parser))
+    args = parser.parse_args(shlex.split(zmr.train_line())[1:])
+    assert (args.micro_batch, args.grad_accum, args.config) == (8, 1, "bench/labs_zero2_offload_zenflow.json")

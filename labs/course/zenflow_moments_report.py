@@ -7,6 +7,8 @@ labs.memory), and the loss on the tiny model on a CPU (results/cpu/zenflow_momen
     zenflow_moments_report.loss_rows()                                # the CPU measurement, per run and seed
     zenflow_moments_report.round19_target()           # the 3B on one H200: the offload target with every fix
     zenflow_moments_report.round19_moments()          # its optimizer process's private memory, one set and two
+    zenflow_moments_report.equal_time()               # round 19's ZenFlow against plain offload at equal time
+    zenflow_moments_report.train_line()               # that ZenFlow run as a `labs train` line
 """
 from __future__ import annotations
 
@@ -145,3 +147,38 @@ def round19_moments() -> dict[str, dict]:
                            rank_shared_running_gib=max(t["training rank RssShmem"] for t in running),
                            host_gib=estimate.host_per_node_bytes / 2**30)
     return found
+
+
+def equal_time(name: str = "ft_zfm64", window: int = 8) -> dict:
+    """ZenFlow against plain offload at equal wall-clock time, on round 19's fine-tune of the 3B.
+
+    Plain offload was not run on these weights. It runs the same Adam as no offload, on the CPU: in round 10 (one
+    host, from random weights, 20 steps) its loss fell as far as no offload's (`fall`), at `off_share` of no
+    offload's tokens/s. So in the time ZenFlow takes for its N steps (at `zen_share` of no offload's speed), plain
+    offload makes N x off_share / zen_share steps, and its loss there is no offload's. ZenFlow's loss over its last
+    `window` steps is no offload's at step `zen_worth` (the first k whose mean over steps k-window+1..k is as low)."""
+    runs = z.finetune_runs(ROUND19, ("ft_ref64", name))
+    reference, zen = runs["ft_ref64"], runs[name]
+    r10 = z.zenflow_runs(("off20b", "ref20"))                                   # round 10, one host
+    off_share = r10["off20b"]["tokens_per_s_per_gpu"] / r10["ref20"]["tokens_per_s_per_gpu"]
+    zen_share = zen["tokens_per_s_per_gpu"] / reference["tokens_per_s_per_gpu"]
+    steps = len(zen["losses"])
+    off_steps = steps * off_share / zen_share
+    late = sum(zen["losses"][-window:]) / window
+    mean_to = lambda k: sum(reference["losses"][k - window:k]) / window      # noqa: E731
+    zen_worth = next(k for k in range(window, len(reference["losses"]) + 1) if mean_to(k) <= late)
+    return dict(off_share=off_share, zen_share=zen_share, steps=steps, off_steps=off_steps, zen_worth=zen_worth,
+                zen_loss=late, off_loss=mean_to(int(off_steps)), window=window,
+                falls=(r10["off20b"]["fall"], r10["ref20"]["fall"]))
+
+
+def train_line(name: str = "ft_zfm64", folder=ROUND19) -> str:
+    """The `labs train` line of a recorded ZenFlow run, from its run.json and resolved config, with the round's own
+    weights and data as placeholders."""
+    spec = json.loads((folder / name / "run.json").read_text())
+    resolved = json.loads((folder / name / "ds_config.json").read_text())
+    return " ".join(["labs train", f"--preset {spec['preset']}", f"--config bench/{spec['config'].rsplit('/', 1)[-1]}",
+                     "--model-path YOUR_MODEL --data YOUR_DATA.jsonl", f"--loss {spec['loss']}",
+                     f"--kernels {spec['kernels']}", f"--activation-checkpointing {spec['activation_checkpointing']}",
+                     f"--micro-batch {resolved['train_micro_batch_size_per_gpu']}",
+                     f"--grad-accum {resolved['gradient_accumulation_steps']}", f"--nproc {spec['nproc']}"])
