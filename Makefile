@@ -37,20 +37,23 @@ train: $(STAMP)
 	$(VENV)/bin/labs train --preset $(PRESET) --config $(CONFIG) --steps $(STEPS) --out $(OUT) \
 	  --loss $(LOSS) --kernels $(KERNELS) --activation-checkpointing $(CHECKPOINTING) $(if $(NPROC),--nproc $(NPROC))
 
-# `make test` runs three streams side by side on two cores: the unit tests then the late chapters, chapters 1-4, and
-# chapters 5-8; each line is prefixed with what printed it. Two streams left a third of a core idle (a fresh clone on
-# a 2-core VM, 2026-12-05: 20:35 in all, 1.64 cores busy; unit then chapters 0, 9, 10 17:58, chapters 1-8 18:21):
-# rank start-up, rendezvous and kernels waiting on their ranks leave gaps a third stream fills. The quickstart goes
-# last in the unit stream: its one 30-step run is the one tests/test_train.py trains, so there it is copied from the
-# run cache, where first in another stream it was trained (42 s). One cache of finished runs serves every stream
-# (labs/runcache.py): a run the tests launched is not trained again when a chapter asks for the very same run; a
-# chapter that asks while a test trains it waits for it. The chapters write their runs under the same temporary
+# `make test` runs three streams side by side on two cores, each line prefixed with what printed it: most unit tests
+# then the late chapters; chapters 1-4 then the autotuner's tests; chapters 5-8 then the benchmark's tests. Two
+# streams left a third of a core idle (a fresh clone on a 2-core VM, 2026-12-05: 20:35 in all, 1.64 cores busy): rank
+# start-up, rendezvous and kernels waiting on their ranks leave gaps. Three streams with all unit tests in one took
+# 20:19 (unit 17:37, chapters 1-4 12:32, chapters 5-8 13:37), so two test files moved to the chapter streams. The
+# quickstart goes last in the unit stream: its one 30-step run is the one tests/test_train.py trains, so there it is
+# copied from the run cache, where first in another stream it was trained (42 s). One cache of finished runs serves
+# every stream (labs/runcache.py): a run the tests launched is not trained again when a chapter asks for the very same
+# run; a chapter that asks while a test trains it waits for it. The chapters write their runs under the same temporary
 # folder (LABS_RUNS), not into runs/, removed when the target ends. The launch report at the end says how many runs
 # were trained or reused and which took longest (tools/).
 LATE_CHAPTERS := notebooks/00_quickstart.ipynb notebooks/09_qwen7b_on_gpu.ipynb notebooks/10_zenflow.ipynb
 EARLY_CHAPTERS := $(filter-out $(LATE_CHAPTERS),$(sort $(wildcard notebooks/*.ipynb)))
 CHAPTERS_A := $(filter notebooks/01% notebooks/02% notebooks/03% notebooks/04%,$(EARLY_CHAPTERS))
 CHAPTERS_B := $(filter-out $(CHAPTERS_A),$(EARLY_CHAPTERS))
+TESTS_A := tests/test_autotune.py
+TESTS_B := tests/test_bench.py
 test: $(STAMP)
 	cache=$$(mktemp -d) && trap 'rm -rf "$$cache"' EXIT && \
 	  { LABS_RUN_CACHE=$$cache LABS_RUNS=$$cache/runs $(MAKE) --no-print-directory -j3 tests-stream chapters-a chapters-b; \
@@ -60,7 +63,8 @@ test: $(STAMP)
 # make's own -j3 starts the three streams: a shell's `&` would start them with SIGINT ignored, which the Ctrl-C tests
 # (tests/test_run_control.py) would inherit
 tests-stream: $(STAMP)
-	set -o pipefail; $(MAKE) --no-print-directory unit 2>&1 | sed -u 's/^/unit| /'; unit=$$?; \
+	set -o pipefail; $(PY) -m pytest tests -q --ignore=tests/browser $(foreach t,$(TESTS_A) $(TESTS_B),--ignore=$(t)) \
+	  --durations=15 --instafail 2>&1 | sed -u 's/^/unit| /'; unit=$$?; \
 	  $(MAKE) --no-print-directory notebooks NOTEBOOK_FILES="$(LATE_CHAPTERS)" 2>&1 | sed -u 's/^/chapters 0, 9, 10| /'; \
 	  exit $$(( unit || $$? ))
 
@@ -68,11 +72,13 @@ chapters-stream: chapters-a chapters-b
 
 chapters-a: $(STAMP)
 	set -o pipefail; $(MAKE) --no-print-directory notebooks NOTEBOOK_FILES="$(CHAPTERS_A)" 2>&1 | \
-	  sed -u 's/^/chapters 1-4| /'
+	  sed -u 's/^/chapters 1-4| /'; nb=$$?; \
+	  $(PY) -m pytest $(TESTS_A) -q --durations=5 --instafail 2>&1 | sed -u 's/^/unit, autotuner| /'; exit $$(( nb || $$? ))
 
 chapters-b: $(STAMP)
 	set -o pipefail; $(MAKE) --no-print-directory notebooks NOTEBOOK_FILES="$(CHAPTERS_B)" 2>&1 | \
-	  sed -u 's/^/chapters 5-8| /'
+	  sed -u 's/^/chapters 5-8| /'; nb=$$?; \
+	  $(PY) -m pytest $(TESTS_B) -q --durations=5 --instafail 2>&1 | sed -u 's/^/unit, bench| /'; exit $$(( nb || $$? ))
 
 unit: $(STAMP)
 	$(PY) -m pytest tests -q --ignore=tests/browser --durations=15 --instafail
