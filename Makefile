@@ -38,10 +38,12 @@ train: $(STAMP)
 	  --loss $(LOSS) --kernels $(KERNELS) --activation-checkpointing $(CHECKPOINTING) $(if $(NPROC),--nproc $(NPROC))
 
 # `make test` runs three streams side by side on two cores, each line prefixed with what printed it: most unit tests
-# then the late chapters; chapters 1-4 then the autotuner's tests; chapters 5-8 then the benchmark's tests. Two
+# then the late chapters; chapters 1-4 then the autotuner's and ZenFlow's tests; chapters 5-8 then the benchmark's tests. Two
 # streams left a third of a core idle (a fresh clone on a 2-core VM, 2026-12-05: 20:35 in all, 1.64 cores busy): rank
 # start-up, rendezvous and kernels waiting on their ranks leave gaps. Three streams with all unit tests in one took
-# 20:19 (unit 17:37, chapters 1-4 12:32, chapters 5-8 13:37), so two test files moved to the chapter streams. The
+# 20:19 (unit 17:37, chapters 1-4 12:32, chapters 5-8 13:37), so test files moved to the chapter streams: with the
+# autotuner's and the benchmark's there, 18:19 (unit 16:02; chapters 1-4 and the autotuner 13:18; chapters 5-8 and the
+# benchmark 14:01), then ZenFlow's tests too (about a minute of the unit stream's lead). The
 # quickstart goes last in the unit stream: its one 30-step run is the one tests/test_train.py trains, so there it is
 # copied from the run cache, where first in another stream it was trained (42 s). One cache of finished runs serves
 # every stream (labs/runcache.py): a run the tests launched is not trained again when a chapter asks for the very same
@@ -52,7 +54,7 @@ LATE_CHAPTERS := notebooks/00_quickstart.ipynb notebooks/09_qwen7b_on_gpu.ipynb 
 EARLY_CHAPTERS := $(filter-out $(LATE_CHAPTERS),$(sort $(wildcard notebooks/*.ipynb)))
 CHAPTERS_A := $(filter notebooks/01% notebooks/02% notebooks/03% notebooks/04%,$(EARLY_CHAPTERS))
 CHAPTERS_B := $(filter-out $(CHAPTERS_A),$(EARLY_CHAPTERS))
-TESTS_A := tests/test_autotune.py
+TESTS_A := tests/test_autotune.py tests/test_zenflow.py
 TESTS_B := tests/test_bench.py
 test: $(STAMP)
 	cache=$$(mktemp -d) && trap 'rm -rf "$$cache"' EXIT && \
@@ -73,7 +75,7 @@ chapters-stream: chapters-a chapters-b
 chapters-a: $(STAMP)
 	set -o pipefail; $(MAKE) --no-print-directory notebooks NOTEBOOK_FILES="$(CHAPTERS_A)" 2>&1 | \
 	  sed -u 's/^/chapters 1-4| /'; nb=$$?; \
-	  $(PY) -m pytest $(TESTS_A) -q --durations=5 --instafail 2>&1 | sed -u 's/^/unit, autotuner| /'; exit $$(( nb || $$? ))
+	  $(PY) -m pytest $(TESTS_A) -q --durations=5 --instafail 2>&1 | sed -u 's/^/unit, autotuner and ZenFlow| /'; exit $$(( nb || $$? ))
 
 chapters-b: $(STAMP)
 	set -o pipefail; $(MAKE) --no-print-directory notebooks NOTEBOOK_FILES="$(CHAPTERS_B)" 2>&1 | \
