@@ -43,7 +43,9 @@ train: $(STAMP)
 # start-up, rendezvous and kernels waiting on their ranks leave gaps. Three streams with all unit tests in one took
 # 20:19 (unit 17:37, chapters 1-4 12:32, chapters 5-8 13:37), so test files moved to the chapter streams: with the
 # autotuner's and the benchmark's there, 18:19 (unit 16:02; chapters 1-4 and the autotuner 13:18; chapters 5-8 and the
-# benchmark 14:01), then ZenFlow's tests too (about a minute of the unit stream's lead). The
+# benchmark 14:01), then ZenFlow's tests too (about a minute of the unit stream's lead). DeepSpeed's CPU Adam op is
+# built before the streams start: built on demand, it compiled beside three streams for 5.6 minutes while the tests
+# and chapters that need it waited (a run of 23:13); alone it takes 54 s. The
 # quickstart goes last in the unit stream: its one 30-step run is the one tests/test_train.py trains, so there it is
 # copied from the run cache, where first in another stream it was trained (42 s). One cache of finished runs serves
 # every stream (labs/runcache.py): a run the tests launched is not trained again when a chapter asks for the very same
@@ -57,6 +59,8 @@ CHAPTERS_B := $(filter-out $(CHAPTERS_A),$(EARLY_CHAPTERS))
 TESTS_A := tests/test_autotune.py tests/test_zenflow.py
 TESTS_B := tests/test_bench.py
 test: $(STAMP)
+	@echo "building DeepSpeed's CPU Adam op once, before the streams (about a minute on 2 cores; cached in $(TORCH_EXTENSIONS_DIR))"
+	$(PY) -c "from labs import env; env.name_deepspeed_accelerator(); from deepspeed.ops.op_builder import CPUAdamBuilder; CPUAdamBuilder().load()" > /dev/null
 	cache=$$(mktemp -d) && trap 'rm -rf "$$cache"' EXIT && \
 	  { LABS_RUN_CACHE=$$cache LABS_RUNS=$$cache/runs $(MAKE) --no-print-directory -j3 tests-stream chapters-a chapters-b; \
 	    code=$$?; $(PY) tools/launch_report.py "$$cache"; exit $$code; }
