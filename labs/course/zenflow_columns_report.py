@@ -43,10 +43,10 @@ def peaks() -> dict[str, dict]:
             for name in ROUND18_RUNS}
 
 
-def caught_up(name: str, window: int = 8) -> int:
-    """The first step k at which no offload's mean loss over steps k-window+1 .. k is at or below `name`'s mean over
-    its last `window` steps: how many of no offload's steps ZenFlow's 64 are worth."""
-    runs = z.finetune_runs(ROUND18, (ROUND18_RUNS[0], name))
-    reference, losses = runs[ROUND18_RUNS[0]]["losses"], runs[name]["losses"]
+def caught_up(name: str, window: int = 8, folder=ROUND18) -> int:
+    """The first step k at which no offload's (`ft_ref64`'s) mean loss over steps k-window+1 .. k is at or below
+    `name`'s mean over its last `window` steps, in a round's folder: how many of no offload's steps ZenFlow's are worth."""
+    runs = z.finetune_runs(folder, ("ft_ref64", name))
+    reference, losses = runs["ft_ref64"]["losses"], runs[name]["losses"]
     late = sum(losses[-window:]) / window
     return next(k for k in range(window, len(reference) + 1) if sum(reference[k - window:k]) / window <= late)

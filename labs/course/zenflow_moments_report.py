@@ -20,7 +20,7 @@ import torch
 
 from labs import RESULTS, env, memory, zenflow_moments
 from labs.zenflow_host import source_sha256
-from labs.course import host_samples, zenflow_report as z
+from labs.course import host_samples, zenflow_columns_report, zenflow_report as z
 
 CPU = RESULTS / "cpu" / "zenflow_moments" / "result.json"
 WINDOW = 16                       # the loss is judged over the last 16 of 48 steps
@@ -164,11 +164,11 @@ def equal_time(name: str = "ft_zfm64", window: int = 8) -> dict:
     zen_share = zen["tokens_per_s_per_gpu"] / reference["tokens_per_s_per_gpu"]
     steps = len(zen["losses"])
     off_steps = steps * off_share / zen_share
-    late = sum(zen["losses"][-window:]) / window
-    mean_to = lambda k: sum(reference["losses"][k - window:k]) / window      # noqa: E731
-    zen_worth = next(k for k in range(window, len(reference["losses"]) + 1) if mean_to(k) <= late)
-    return dict(off_share=off_share, zen_share=zen_share, steps=steps, off_steps=off_steps, zen_worth=zen_worth,
-                zen_loss=late, off_loss=mean_to(int(off_steps)), window=window,
+    reached = int(off_steps)
+    return dict(off_share=off_share, zen_share=zen_share, steps=steps, off_steps=off_steps, window=window,
+                zen_worth=zenflow_columns_report.caught_up(name, window, ROUND19),
+                zen_loss=sum(zen["losses"][-window:]) / window,
+                off_loss=z.window_mean(reference["losses"], range(reached - window + 1, reached + 1)),
                 falls=(r10["off20b"]["fall"], r10["ref20"]["fall"]))
 
 
