@@ -25,12 +25,14 @@ CHECKPOINTING ?= $(if $(filter 1,$(GPU)),full,none)
 
 .PHONY: train test tests-stream chapters-stream unit notebooks book browser lab execute clean
 
+# --no-compile: pip would compile every module it installs to bytecode (77 s for this environment, 42 s without, on
+# a 2-core VM, 2026-12-05); Python compiles the modules a process imports on first import, a small part of them.
 $(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -r requirements.txt
-	$(PY) -m pip install -q --no-deps -r requirements-nodeps.txt
-	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
+	$(PY) -m pip install -q --no-compile --upgrade pip
+	$(PY) -m pip install -q --no-compile -r requirements.txt
+	$(PY) -m pip install -q --no-compile --no-deps -r requirements-nodeps.txt
+	$(PY) -m pip install -q --no-compile --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
 train: $(STAMP)
@@ -38,34 +40,35 @@ train: $(STAMP)
 	  --loss $(LOSS) --kernels $(KERNELS) --activation-checkpointing $(CHECKPOINTING) $(if $(NPROC),--nproc $(NPROC))
 
 # `make test` runs two streams side by side on two cores (`make unit` alone kept 1.5 of 2 cores busy: rank start-up,
-# rendezvous, kernels waiting on their ranks): the unit tests then the late chapters, and the other chapters, about as
-# long as each other (a fresh clone on a 2-core VM, 2026-12-05: unit then chapter 9 17:16, chapters 0-8 18:08). A third
-# stream (chapters split in two, some unit tests moved after them) was tried on 2026-12-05 and reverted: four fresh
-# clones took 20:19, 18:19, 23:13 and 24:11 (user + system CPU 31-41 minutes, against about 34 with two). The
-# quickstart goes last in the unit stream: its one 30-step run is the one tests/test_train.py trains, so there it is
-# copied from the run cache, where first in the other stream it was trained (42 s). Each line is prefixed with what
-# printed it. One cache of finished runs serves both (labs/runcache.py): a run the tests launched is not trained again
-# when a chapter asks for the very same run; a chapter that asks while a test trains it waits for it. The chapters
-# write their runs under the same temporary folder (LABS_RUNS), not into runs/, removed when the target ends. The
-# launch report at the end says how many runs were trained or reused and which took longest (tools/).
+# rendezvous, kernels waiting on their ranks): the unit tests then the book and its browser tests, and the chapters,
+# about as long as each other (a fresh clone on a 2-core VM, 2026-12-05: unit tests 15:01, chapters 1-8 15:44, chapters
+# 0, 9 and 10 0:30, book and browser tests about 1:00 alone). The book is built from the notebooks as committed, so it
+# need not wait for the chapters to run; built after both streams it added a minute with one core idle. A third stream
+# was tried on 2026-12-05 and reverted: four fresh clones took 20:19, 18:19, 23:13 and 24:11 (user + system CPU 31-41
+# minutes, against about 34 with two): the two cores are the limit, not the streams. The quickstart's one 30-step run is
+# the one tests/test_train.py trains: whichever asks second copies it from the run cache. Each line is prefixed with
+# what printed it. One cache of finished runs serves both (labs/runcache.py): a run the tests launched is not trained
+# again when a chapter asks for the very same run; a chapter that asks while a test trains it waits for it. The
+# chapters write their runs under the same temporary folder (LABS_RUNS), not into runs/, removed when the target ends.
+# The launch report at the end says how many runs were trained or reused and which took longest (tools/).
 LATE_CHAPTERS := notebooks/00_quickstart.ipynb notebooks/09_qwen7b_on_gpu.ipynb notebooks/10_zenflow.ipynb
 EARLY_CHAPTERS := $(filter-out $(LATE_CHAPTERS),$(sort $(wildcard notebooks/*.ipynb)))
 test: $(STAMP)
 	cache=$$(mktemp -d) && trap 'rm -rf "$$cache"' EXIT && \
 	  { LABS_RUN_CACHE=$$cache LABS_RUNS=$$cache/runs $(MAKE) --no-print-directory -j2 tests-stream chapters-stream; \
 	    code=$$?; $(PY) tools/launch_report.py "$$cache"; exit $$code; }
-	$(MAKE) --no-print-directory book browser
 
 # make's own -j2 starts the two streams: a shell's `&` would start them with SIGINT ignored, which the Ctrl-C tests
 # (tests/test_run_control.py) would inherit
 tests-stream: $(STAMP)
 	set -o pipefail; $(MAKE) --no-print-directory unit 2>&1 | sed -u 's/^/unit| /'; unit=$$?; \
-	  $(MAKE) --no-print-directory notebooks NOTEBOOK_FILES="$(LATE_CHAPTERS)" 2>&1 | sed -u 's/^/chapters 0, 9, 10| /'; \
-	  exit $$(( unit || $$? ))
+	  $(MAKE) --no-print-directory book browser 2>&1 | sed -u 's/^/book| /'; exit $$(( unit || $$? ))
 
 chapters-stream: $(STAMP)
 	set -o pipefail; $(MAKE) --no-print-directory notebooks NOTEBOOK_FILES="$(EARLY_CHAPTERS)" 2>&1 | \
-	  sed -u 's/^/chapters 1-8| /'
+	  sed -u 's/^/chapters 1-8| /'; early=$$?; \
+	  $(MAKE) --no-print-directory notebooks NOTEBOOK_FILES="$(LATE_CHAPTERS)" 2>&1 | sed -u 's/^/chapters 0, 9, 10| /'; \
+	  exit $$(( early || $$? ))
 
 unit: $(STAMP)
 	$(PY) -m pytest tests -q --ignore=tests/browser --durations=15 --instafail

@@ -5,7 +5,7 @@ The PyPI package `dashscope` (Apache-2.0) ships that file, so we read it from th
 """
 from __future__ import annotations
 
-import base64
+import binascii
 import functools
 import importlib.util
 import json
@@ -45,11 +45,10 @@ def tokenizer():
     """The Qwen tokenizer as a `tiktoken.Encoding` (151,643 BPE ranks + 208 special tokens)."""
     import tiktoken
 
-    ranks = {}
-    for line in qwen_tiktoken_path().read_bytes().splitlines():
-        if line:
-            token_b64, rank = line.split()
-            ranks[base64.b64decode(token_b64)] = int(rank)
+    # `base64(token) rank` pairs, whitespace-separated: decoded in C (binascii), not line by line in Python (every rank
+    # reads the file; 0.08 s instead of 0.19 s)
+    words = qwen_tiktoken_path().read_bytes().split()
+    ranks = dict(zip(map(binascii.a2b_base64, words[0::2]), map(int, words[1::2])))
     specials = {name: len(ranks) + i for i, name in enumerate(SPECIAL_NAMES)}
     return tiktoken.Encoding("qwen", pat_str=QWEN_PATTERN, mergeable_ranks=ranks, special_tokens=specials)
 
