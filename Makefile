@@ -25,14 +25,14 @@ CHECKPOINTING ?= $(if $(filter 1,$(GPU)),full,none)
 
 .PHONY: train test tests-stream chapters-stream unit notebooks book browser lab execute clean
 
-# --no-compile: pip would compile every module it installs to bytecode (77 s for this environment, 42 s without, on
+#: pip would compile every module it installs to bytecode (77 s for this environment, 42 s without, on
 # a 2-core VM, 2026-12-05); Python compiles the modules a process imports on first import, a small part of them.
 $(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --no-compile --upgrade pip
-	$(PY) -m pip install -q --no-compile -r requirements.txt
-	$(PY) -m pip install -q --no-compile --no-deps -r requirements-nodeps.txt
-	$(PY) -m pip install -q --no-compile --no-deps --no-build-isolation -e .
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q --no-deps -r requirements-nodeps.txt
+	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
 train: $(STAMP)
