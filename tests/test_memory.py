@@ -5,7 +5,8 @@ from decimal import ROUND_HALF_UP, Decimal
 import pytest
 
 from conftest import ROOT, run_labs
-from labs import memory, models, resolve
+from labs import CONFIGS, config, memory, models, resolve
+from labs.course import offload_sizing
 
 # Rajbhandari et al. 2019 (arXiv:1910.02054), Table 1: per-device model-state memory in GB (10^9 bytes),
 # Psi = 7.5e9 / 128e9 / 1e12, K = 12, as printed. Columns: P_os (stage 1), P_os+g (2), P_os+g+p (3).
@@ -504,3 +505,24 @@ def test_zero3_offload_pins_its_gradient_buffers_and_leaves_the_master_pageable(
     assert 0 < held[("training rank", "RssAnon")] - pageable_gib < 3
     exact = memory.from_run(folder, host_pinning="exact").host_per_node_bytes / 2**30
     assert pinned_gib > exact - pageable_gib + 2          # the rounding is what the record shows, not the exact sizes
+
+
+def test_advise_keeps_a_zenflow_config_off_zero3_and_the_sizing_table_names_the_fewest_layers():
+    # labs.resolve refuses ZenFlow under ZeRO-3, so the advisor must not try it (it raised before)
+    zenflow = config.load(CONFIGS / offload_sizing.SETUPS["ZenFlow"])
+    advice = memory.advise("H100", preset="qwen2.5-7b", ds_config=zenflow, micro_batch=8, grad_accum=1,
+                           loss="liger", kernels="liger")
+    assert advice.options and all(o["change"].get("stage", 2) <= 2 for o in advice.options)
+    rows = offload_sizing.rows("qwen2.5-7b", cards=("H100",))
+    assert {r["setup"] for r in rows} == set(offload_sizing.SETUPS)
+    for r in rows:
+        assert r["gpu_gib"] <= r["usable_gib"]
+        if r["checkpointed"]:     # one layer fewer does not fit: the fewest, not merely some
+            micro_batch, grad_accum = (int(x) for x in r["batch"].split(" x "))
+            fewer = memory.estimate("qwen2.5-7b", ds_config=config.load(CONFIGS / offload_sizing.SETUPS[r["setup"]]),
+                                    micro_batch=micro_batch, grad_accum=grad_accum, loss="liger", kernels="liger",
+                                    activation_checkpointing=r["checkpointed"] - 1)
+            assert fewer.total_per_gpu_bytes / 2**30 > r["usable_gib"]
+    by = {(r["setup"], r["batch"]): r["host_gib"] for r in rows}
+    # ZenFlow's host holds the four shared buffers and a set of moments above plain offload's 18 bytes per parameter
+    assert by[("ZenFlow", "8 x 1")] > by[("plain offload", "8 x 1")]

@@ -95,7 +95,7 @@ def shown(number: str, unit: str | None, text: str) -> bool:
     (65504 for 65,504) or, in a source, with underscores (65_536)."""
     forms = {number, number.replace(",", ""), number.replace(",", "_")}
     digits = "(?:" + "|".join(map(re.escape, sorted(forms))) + ")"
-    pattern = rf"(?<![\d.,_]){digits}(?!\d|[.,_]\d)"
+    pattern = rf"(?<![\w.,]){digits}(?!\d|[.,_]\d)"          # not the 100 of H100
     if sum(c.isdigit() for c in number) < 3:
         pattern += r"\s?" + ("(?:x|×)" if unit == "x" else re.escape(unit)) + r"(?![\w/])"
     return re.search(pattern, text) is not None

@@ -3,6 +3,7 @@
 display name are stored, so that JupyterLab opens the file unmodified. Run through `make execute`.
 `--cells ID,ID` runs every cell but stores the new outputs of the named cells only: the others keep the outputs
 their prose quotes (timings on a loaded CPU move between runs; tests/test_prose_numbers.py reads what is stored)."""
+import copy
 import sys
 import time
 from pathlib import Path
@@ -17,7 +18,9 @@ ROOT = Path(__file__).resolve().parent.parent
 def execute(path: Path, only_cells=None):
     start = time.perf_counter()
     notebook = nbformat.read(path, as_version=4)
-    stored = {cell.id: (cell.get("outputs"), cell.get("execution_count"), cell.metadata) for cell in notebook.cells}
+    # copies: the preprocessor writes new timestamps into each cell's metadata in place
+    stored = {cell.id: copy.deepcopy((cell.get("outputs"), cell.get("execution_count"), cell.metadata))
+              for cell in notebook.cells}
     missing = set(only_cells or ()) - set(stored)
     if missing:                                  # before the run, which can take minutes
         raise SystemExit(f"{path.name}: no cell with id {', '.join(sorted(missing))}")

@@ -72,7 +72,9 @@ def advise(gpu_memory_bytes, reserve_bytes=None, **inputs) -> Advice:
     losses = [base["loss"]] + ([x for x in ("chunked", "liger") if x != base["loss"]] if dims else [])
     # FSDP2 has no ZeRO stage to raise, and its offload is its config block's: only the loss and checkpointing move
     fsdp2 = base["engine"] == "fsdp2"
-    for stage in [base["stage"]] if fsdp2 else range(base["stage"], 4):
+    # labs runs ZenFlow under ZeRO-1/2 only (labs.resolve refuses it with stage 3)
+    top = 2 if (base["ds_config"] or {}).get("zero_optimization", {}).get("zenflow") else 3
+    for stage in [base["stage"]] if fsdp2 else range(base["stage"], top + 1):
         optimizer_offloads = {base["offload_optimizer"], "cpu"} if stage and not fsdp2 else {base["offload_optimizer"]}
         param_offloads = {base["offload_param"], "cpu"} if stage == 3 and not fsdp2 else {base["offload_param"]}
         for loss in losses:
