@@ -180,3 +180,13 @@ def case_options(name: str, preset: str, steps: int, seq_len, micro_batch, on_gp
     if micro_batch and "micro_batch" not in options:
         options["micro_batch"] = micro_batch
     return options
+
+
+def train_line(options: dict, nproc: int, inputs: str = "") -> str:
+    """A `labs train` line from a run's options (a bench case's, or a run.json with its resolved batch), with
+    `inputs` (such as "--model-path ... --data ...") after the config."""
+    flags = [f"--preset {options['preset']}", f"--config bench/{options['config'].rsplit('/', 1)[-1]}"]
+    flags += [inputs] if inputs else []
+    flags += [f"--{key.replace('_', '-')} {options[key]}" for key in ("engine", "loss", "kernels",
+              "activation_checkpointing", "micro_batch", "grad_accum") if options.get(key) not in (None, "None")]
+    return " ".join(["labs train", *flags, f"--nproc {nproc}"])

@@ -11,7 +11,7 @@ import json
 import re
 
 from labs import RESULTS, models
-from labs.bench import results
+from labs.bench import cases, results
 from labs.course import zenflow_columns_report, zenflow_moments_report, zenflow_report
 from labs.metrics import read_jsonl
 from labs.table import Table
@@ -85,11 +85,7 @@ RECIPES = ((2, "qwen2.5-7b", "141 GB (H200)", RUNS["sweep"]), (2, "qwen2.5-7b", 
 def train_command(suffix: str, case: str, gpus: int) -> str:
     """The `labs train` line that runs a recorded case as a training run (its options as the bench launched it, less
     the cap: on a card of that size it is the card's whole memory)."""
-    options = result_file(suffix)["cases"][case]["options"]
-    flags = [f"--preset {options['preset']}", f"--config bench/{options['config'].rsplit('/', 1)[-1]}"]
-    flags += [f"--{key.replace('_', '-')} {options[key]}" for key in ("engine", "loss", "kernels",
-              "activation_checkpointing", "micro_batch", "grad_accum") if options.get(key) not in (None, "None")]
-    return " ".join(["labs train", *flags, f"--nproc {gpus}"])
+    return cases.train_line(result_file(suffix)["cases"][case]["options"], gpus)
 
 
 def recipes() -> list[dict]:

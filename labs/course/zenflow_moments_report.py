@@ -19,6 +19,7 @@ import json
 import torch
 
 from labs import RESULTS, env, memory, zenflow_moments
+from labs.bench import cases
 from labs.zenflow_host import source_sha256
 from labs.course import host_samples, zenflow_columns_report, zenflow_report as z
 
@@ -177,8 +178,6 @@ def train_line(name: str = "ft_zfm64", folder=ROUND19) -> str:
     weights and data as placeholders."""
     spec = json.loads((folder / name / "run.json").read_text())
     resolved = json.loads((folder / name / "ds_config.json").read_text())
-    return " ".join(["labs train", f"--preset {spec['preset']}", f"--config bench/{spec['config'].rsplit('/', 1)[-1]}",
-                     "--model-path YOUR_MODEL --data YOUR_DATA.jsonl", f"--loss {spec['loss']}",
-                     f"--kernels {spec['kernels']}", f"--activation-checkpointing {spec['activation_checkpointing']}",
-                     f"--micro-batch {resolved['train_micro_batch_size_per_gpu']}",
-                     f"--grad-accum {resolved['gradient_accumulation_steps']}", f"--nproc {spec['nproc']}"])
+    options = {**spec, "micro_batch": resolved["train_micro_batch_size_per_gpu"],
+               "grad_accum": resolved["gradient_accumulation_steps"]}
+    return cases.train_line(options, spec["nproc"], inputs="--model-path YOUR_MODEL --data YOUR_DATA.jsonl")
