@@ -4,8 +4,9 @@ users have. Predicted by labs.memory, not run.
 For each card and each split of the same tokens per optimizer step into micro-batch x accumulation, the fewest
 checkpointed layers (the first k) whose GPU peak fits the card, and the host memory that run needs. ZenFlow runs only
 N x 1: it makes the accumulation boundary its update boundary (chapter 10, round 12). labs.memory's host figure
-models training; ZenFlow's start-up, while labs moves DeepSpeed's pinned buffers into shared memory, took more
-(round 19), and `startup_extra_bytes_per_param` gives that excess as measured on the 3B.
+models training. ZenFlow's start-up, while labs moved DeepSpeed's pinned buffers into shared memory, took more in
+round 19 (`startup_extra_bytes_per_param`, measured on the 3B), when labs kept every pinned original until the last
+buffer had moved; labs.zenflow_host now gives each back as soon as it has moved, which is not yet measured on a GPU.
 
     offload_sizing.rows("qwen2.5-7b")          # one row per card, setup and split that fits
     offload_sizing.startup_extra_bytes_per_param()
@@ -58,7 +59,8 @@ def rows(preset: str = "qwen2.5-7b", cards=CARDS) -> list[dict]:
 
 def startup_extra_bytes_per_param() -> float:
     """Round 19 on the 3B (labs' one set of moments): the host memory in use at the run's tightest second, during
-    ZenFlow's start-up, above labs.memory's host figure for training, per parameter."""
+    ZenFlow's start-up, above labs.memory's host figure for training, per parameter: with labs' move of that round,
+    which gave the pinned originals back only at the end."""
     found = zenflow_moments_report.round19_moments()["ft_zfm64"]
     in_use_gib = found["total_gib"] - found["least_available_gib"]
     params = models.param_counts(models.shape("qwen2.5-3b"))["total"]
