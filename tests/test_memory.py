@@ -256,6 +256,7 @@ def test_cli_json():
 @pytest.mark.parametrize("args,message", [
     (("--preset", "tiny", "--stage", "7"), "invalid choice: 7"),
     (("--preset", "tiny", "--micro-batch", "0"), "--micro-batch: must be at least 1, not 0"),
+    (("--preset", "tiny", "--grad-accum", "0"), "--grad-accum: must be at least 1, not 0"),
     (("--params", "nan"), "params must be a positive, finite number"),
     (("--params", "lots"), "params 'lots' is not a number"),
     (("--preset", "tiny", "--params", "7e9"), "exactly one of --preset"),
@@ -509,7 +510,7 @@ def test_zero3_offload_pins_its_gradient_buffers_and_leaves_the_master_pageable(
 
 def test_advise_keeps_a_zenflow_config_off_zero3_and_the_sizing_table_names_the_fewest_layers():
     # labs.resolve refuses ZenFlow under ZeRO-3, so the advisor must not try it (it raised before)
-    zenflow = config.load(CONFIGS / offload_sizing.SETUPS["ZenFlow"])
+    zenflow = config.load(CONFIGS / offload_sizing.SETUPS["ZenFlow"]["config"])
     advice = memory.advise("H100", preset="qwen2.5-7b", ds_config=zenflow, micro_batch=8, grad_accum=1,
                            loss="liger", kernels="liger")
     assert advice.options and all(o["change"].get("stage", 2) <= 2 for o in advice.options)
@@ -517,12 +518,35 @@ def test_advise_keeps_a_zenflow_config_off_zero3_and_the_sizing_table_names_the_
     assert {r["setup"] for r in rows} == set(offload_sizing.SETUPS)
     for r in rows:
         assert r["gpu_gib"] <= r["usable_gib"]
+        micro_batch, grad_accum = (int(x) for x in r["batch"].split(" x "))
+        how = offload_sizing.SETUPS[r["setup"]]
+        inputs = dict(micro_batch=micro_batch, grad_accum=grad_accum, loss="liger", kernels="liger",
+                      host_pinning=how.get("host_pinning", "torch"))
         if r["checkpointed"]:     # one layer fewer does not fit: the fewest, not merely some
-            micro_batch, grad_accum = (int(x) for x in r["batch"].split(" x "))
-            fewer = memory.estimate("qwen2.5-7b", ds_config=config.load(CONFIGS / offload_sizing.SETUPS[r["setup"]]),
-                                    micro_batch=micro_batch, grad_accum=grad_accum, loss="liger", kernels="liger",
-                                    activation_checkpointing=r["checkpointed"] - 1)
-            assert fewer.total_per_gpu_bytes / 2**30 > r["usable_gib"]
-    by = {(r["setup"], r["batch"]): r["host_gib"] for r in rows}
-    # ZenFlow's host holds the four shared buffers and a set of moments above plain offload's 18 bytes per parameter
-    assert by[("ZenFlow", "8 x 1")] > by[("plain offload", "8 x 1")]
+            fewer = memory.estimate("qwen2.5-7b", ds_config=offload_sizing.ds_config(r["config"], r["offloaded"]),
+                                    activation_checkpointing=r["checkpointed"] - 1, **inputs)
+            assert fewer.total_per_gpu_bytes / 2**30 > r["usable_gib"], r
+        if r["offloaded"] < 1:    # a tenth less offloaded does not fit at any checkpointing: the smallest share
+            assert offload_sizing.fewest_checkpointed("qwen2.5-7b", offload_sizing.ds_config(
+                r["config"], round(r["offloaded"] - 0.1, 1)), "H100", micro_batch, grad_accum) is None
+    host = {(r["setup"], r["batch"]): r["host_gib"] for r in rows}
+    # ZenFlow's host holds the four shared buffers and a set of moments above plain offload's 18 bytes per parameter;
+    # pinned at their own size, plain offload's buffers take less than rounded up to powers of two
+    assert host[("ZenFlow", "8 x 1")] > host[("plain offload", "8 x 1")] > host[("plain offload, native pinning", "8 x 1")]
+    assert host[("ZeRO-3, part offloaded", "8 x 1")] < host[("plain offload, native pinning", "8 x 1")]
+
+
+def test_cli_grad_accum_reaches_the_estimate_and_its_host_buffers(capsys):
+    """Under ZeRO-2 optimizer offload, accumulation keeps each gradient on the host between micro-batches: the
+    calculator has to be told the accumulation to count them (it once had no --grad-accum)."""
+    from labs import cli
+
+    host = {}
+    for accumulation in (1, 4):
+        assert cli.main(["memory", "--preset", "qwen2.5-3b", "--config", "bench/labs_zero2_offload.json",
+                         "--micro-batch", "2", "--grad-accum", str(accumulation), "--json"]) == 0
+        host[accumulation] = json.loads(capsys.readouterr().out)["host_per_node_bytes"]
+        expected = memory.estimate("qwen2.5-3b", ds_config=config.load(CONFIGS / "bench/labs_zero2_offload.json"),
+                                   micro_batch=2, grad_accum=accumulation)
+        assert host[accumulation] == expected.host_per_node_bytes
+    assert host[4] > host[1]

@@ -47,7 +47,6 @@ ALLOWED = {
     ("09_qwen7b_on_gpu", "24GiB"): "the cap that unmeasured consumer-card question would use, a premise",
     ("10_zenflow", "252GiB"): "hardware: the 2-GPU machine's host memory, recorded in results/README.md",
     ("10_zenflow", "256MiB"): "a setting: labs.zenflow_host's staging block at its default",
-    ("10_zenflow", "100%"): "not a measurement: all of no offload's tokens/s, the mark ZenFlow's share is read against",
     ("10_zenflow", "1GiB"): "a threshold: zenflow_report.host_low counts the GPU let go under 1024 MiB in use",
     ("10_zenflow", "1%"): "a bound on the measured / labs.memory ratios the cell prints (1.006 and 1.005)",
 }

@@ -28,6 +28,9 @@ def add_parser(sub):
     p.add_argument("--offload-param", help="none | cpu | nvme, ZeRO-3 only (default: the --config's, else none)")
     p.add_argument("--micro-batch", type=positive_int,
                    help="sequences per GPU per step (default: the --config's, else what `labs train` uses)")
+    p.add_argument("--grad-accum", type=positive_int,
+                   help="micro-batches per optimizer step (default: the --config's, else 1); with optimizer offload "
+                        "under ZeRO-1/2 more than 1 keeps every gradient on the host between micro-batches")
     p.add_argument("--seq-len", type=positive_int, help="tokens per sequence (default: what `labs train` uses for "
                                                         "the preset)")
     p.add_argument("--activation-checkpointing", default="none", help="none | full | number of layers")
@@ -55,7 +58,7 @@ def run(args) -> int:
     checkpointing = args.activation_checkpointing
     est = estimate(args.preset, params=args.params, stage=args.stage, gpus_per_node=args.gpus, nodes=args.nodes,
                    precision=args.precision, offload_optimizer=args.offload_optimizer,
-                   offload_param=args.offload_param, micro_batch=args.micro_batch, seq_len=args.seq_len,
+                   offload_param=args.offload_param, micro_batch=args.micro_batch, grad_accum=args.grad_accum, seq_len=args.seq_len,
                    activation_checkpointing=int(checkpointing) if checkpointing.isdigit() else checkpointing,
                    loss=args.loss, kernels=args.kernels, optimizer=args.optimizer, ds_config=ds_config,
                    engine=args.engine, host_pinning=args.host_pinning)
