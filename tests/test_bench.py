@@ -248,6 +248,15 @@ def test_readme_quotes_the_recorded_round_2_numbers():
              if r["case"] == "stock-zero2-cknone-mb2-ga4"]
     expected.append(f"measured\n{max(peaks):.3f}x its predicted peak in runs f and x")
     assert sorted(r["run"] for r in results.peak_comparisons() if r["case"] == "stock-zero2-cknone-mb2-ga4") == ["f", "x"]
+    from labs.course import offload_sizing
+    h100 = {r["setup"]: r for r in offload_sizing.rows("qwen2.5-7b", cards=("H100",)) if r["batch"] == "8 x 1"}
+    host_gib = results.load_all()["2026-12-01_m_offload_3b_1xh200"]["host"]["host_memory_gib"]
+    part = h100["ZeRO-3, part offloaded"]
+    expected += [f"about {h100['plain offload']['host_gib']:.0f} GiB of host memory "
+                 f"({h100['plain offload, native pinning']['host_gib']:.0f} with",
+                 f"ZenFlow {h100['ZenFlow']['host_gib']:.0f}, and ZeRO-3 with {part['offloaded']:.0%} of the",
+                 f"offloaded {part['host_gib']:.0f}: only that one fits a {host_gib:.0f} GiB host"]
+    assert [name for name, r in h100.items() if r["host_gib"] <= host_gib] == ["ZeRO-3, part offloaded"]
     missing = [figure for figure in expected if figure not in table]
     assert not missing, missing
 
