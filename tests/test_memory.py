@@ -523,11 +523,11 @@ def test_advise_keeps_a_zenflow_config_off_zero3_and_the_sizing_table_names_the_
         inputs = dict(micro_batch=micro_batch, grad_accum=grad_accum, loss="liger", kernels="liger",
                       host_pinning=how.get("host_pinning", "torch"))
         if r["checkpointed"]:     # one layer fewer does not fit: the fewest, not merely some
-            fewer = memory.estimate("qwen2.5-7b", ds_config=offload_sizing.ds_config(r["config"], r["offloaded"]),
+            fewer = memory.estimate("qwen2.5-7b", ds_config=offload_sizing.setup_config(r["config"], r["offloaded"]),
                                     activation_checkpointing=r["checkpointed"] - 1, **inputs)
             assert fewer.total_per_gpu_bytes / 2**30 > r["usable_gib"], r
         if r["offloaded"] < 1:    # a tenth less offloaded does not fit at any checkpointing: the smallest share
-            assert offload_sizing.fewest_checkpointed("qwen2.5-7b", offload_sizing.ds_config(
+            assert offload_sizing.fewest_checkpointed("qwen2.5-7b", offload_sizing.setup_config(
                 r["config"], round(r["offloaded"] - 0.1, 1)), "H100", micro_batch, grad_accum) is None
     host = {(r["setup"], r["batch"]): r["host_gib"] for r in rows}
     # ZenFlow's host holds the four shared buffers and a set of moments above plain offload's 18 bytes per parameter;

@@ -34,7 +34,7 @@ SETUPS = {"plain offload": dict(config="bench/labs_zero2_offload.json", splits=A
 CARDS = ("H100", "H200")
 
 
-def ds_config(config_name: str, ratio: float | None = None) -> dict:
+def setup_config(config_name: str, ratio: float | None = None) -> dict:
     """A setup's DeepSpeed config, with the offloaded share of the optimizer set where `ratio` is given."""
     loaded = copy.deepcopy(config.load(CONFIGS / config_name))
     if ratio is not None:
@@ -69,7 +69,7 @@ def rows(preset: str = "qwen2.5-7b", cards=CARDS) -> list[dict]:
         for setup, how in SETUPS.items():
             for micro_batch, grad_accum in how.get("splits", ALL_SPLITS[:1]):
                 for ratio in how.get("ratios", (None,)):
-                    found = fewest_checkpointed(preset, ds_config(how["config"], ratio), card, micro_batch,
+                    found = fewest_checkpointed(preset, setup_config(how["config"], ratio), card, micro_batch,
                                                 grad_accum, host_pinning=how.get("host_pinning", "torch"))
                     if found:
                         out.append(dict(card=card, setup=setup, batch=f"{micro_batch} x {grad_accum}",
