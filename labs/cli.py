@@ -236,14 +236,9 @@ def _dispatch(args, argv) -> int:
         print(json.dumps(info, indent=1) if args.json else env.format_report(info))
         return 0
     if args.command == "memory" and args.plan:
-        from labs.bench import planner
-        from labs.table import Table
+        from labs.bench import cli as bench_cli
 
-        plans = planner.plan(args.preset or "qwen2.5-7b", gpus=args.gpus, gpu_memory=args.gpu_memory or "H200",
-                             batch_per_gpu=args.batch_per_gpu, seq_len=args.seq_len or 4096)
-        print(Table(plans[:args.plan], ["side", "case", ("predicted peak GiB", "predicted_peak_gib", ".1f"),
-                                        ("predicted tokens/s/GPU", "predicted_tokens_per_s_per_gpu", ",.0f")]))
-        return 0
+        return bench_cli.run_plan(args)
     if args.command == "memory":
         from labs.memory import cli as memory_cli
 

@@ -248,8 +248,8 @@ def test_readme_quotes_the_recorded_round_2_numbers():
              if r["case"] == "stock-zero2-cknone-mb2-ga4"]
     expected.append(f"measured\n{max(peaks):.3f}x its predicted peak in runs f and x")
     assert sorted(r["run"] for r in results.peak_comparisons() if r["case"] == "stock-zero2-cknone-mb2-ga4") == ["f", "x"]
-    from labs.course import offload_sizing
-    h100 = {r["setup"]: r for r in offload_sizing.rows("qwen2.5-7b", cards=("H100",)) if r["batch"] == "8 x 1"}
+    from labs.bench import offload_plan
+    h100 = {r["setup"]: r for r in offload_plan.rows("qwen2.5-7b", cards=("H100",)) if r["batch"] == "8 x 1"}
     host_gib = results.load_all()["2026-12-01_m_offload_3b_1xh200"]["host"]["host_memory_gib"]
     part = h100["ZeRO-3, part offloaded"]
     expected += [f"about {h100['plain offload']['host_gib']:.0f} GiB of host memory "

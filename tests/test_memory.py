@@ -6,7 +6,7 @@ import pytest
 
 from conftest import ROOT, run_labs
 from labs import CONFIGS, config, memory, models, resolve
-from labs.course import offload_sizing
+from labs.bench import offload_plan
 
 # Rajbhandari et al. 2019 (arXiv:1910.02054), Table 1: per-device model-state memory in GB (10^9 bytes),
 # Psi = 7.5e9 / 128e9 / 1e12, K = 12, as printed. Columns: P_os (stage 1), P_os+g (2), P_os+g+p (3).
@@ -510,24 +510,24 @@ def test_zero3_offload_pins_its_gradient_buffers_and_leaves_the_master_pageable(
 
 def test_advise_keeps_a_zenflow_config_off_zero3_and_the_sizing_table_names_the_fewest_layers():
     # labs.resolve refuses ZenFlow under ZeRO-3, so the advisor must not try it (it raised before)
-    zenflow = config.load(CONFIGS / offload_sizing.SETUPS["ZenFlow"]["config"])
+    zenflow = config.load(CONFIGS / offload_plan.SETUPS["ZenFlow"]["config"])
     advice = memory.advise("H100", preset="qwen2.5-7b", ds_config=zenflow, micro_batch=8, grad_accum=1,
                            loss="liger", kernels="liger")
     assert advice.options and all(o["change"].get("stage", 2) <= 2 for o in advice.options)
-    rows = offload_sizing.rows("qwen2.5-7b", cards=("H100",))
-    assert {r["setup"] for r in rows} == set(offload_sizing.SETUPS)
+    rows = offload_plan.rows("qwen2.5-7b", cards=("H100",))
+    assert {r["setup"] for r in rows} == set(offload_plan.SETUPS)
     for r in rows:
         assert r["gpu_gib"] <= r["usable_gib"]
         micro_batch, grad_accum = (int(x) for x in r["batch"].split(" x "))
-        how = offload_sizing.SETUPS[r["setup"]]
+        how = offload_plan.SETUPS[r["setup"]]
         inputs = dict(micro_batch=micro_batch, grad_accum=grad_accum, loss="liger", kernels="liger",
                       host_pinning=how.get("host_pinning", "torch"))
         if r["checkpointed"]:     # one layer fewer does not fit: the fewest, not merely some
-            fewer = memory.estimate("qwen2.5-7b", ds_config=offload_sizing.setup_config(r["config"], r["offloaded"]),
+            fewer = memory.estimate("qwen2.5-7b", ds_config=offload_plan.setup_config(r["config"], r["offloaded"]),
                                     activation_checkpointing=r["checkpointed"] - 1, **inputs)
             assert fewer.total_per_gpu_bytes / 2**30 > r["usable_gib"], r
         if r["offloaded"] < 1:    # a tenth less offloaded does not fit at any checkpointing: the smallest share
-            assert offload_sizing.fewest_checkpointed("qwen2.5-7b", offload_sizing.setup_config(
+            assert offload_plan.fewest_checkpointed("qwen2.5-7b", offload_plan.setup_config(
                 r["config"], round(r["offloaded"] - 0.1, 1)), "H100", micro_batch, grad_accum) is None
     host = {(r["setup"], r["batch"]): r["host_gib"] for r in rows}
     # ZenFlow's host holds the four shared buffers and a set of moments above plain offload's 18 bytes per parameter;
@@ -550,3 +550,21 @@ def test_cli_grad_accum_reaches_the_estimate_and_its_host_buffers(capsys):
                                    micro_batch=2, grad_accum=accumulation)
         assert host[accumulation] == expected.host_per_node_bytes
     assert host[4] > host[1]
+
+
+def test_plan_with_nothing_fitting_without_offload_names_the_offload_setups_and_the_host_each_needs(capsys):
+    """`labs memory --plan` for the 7B on one 80 GB card: no GPU-resident candidate fits, so it prints what fits with
+    the optimizer offloaded, checked against --host-memory (it printed an empty table before)."""
+    from labs import cli
+
+    assert cli.main(["memory", "--plan", "--preset", "qwen2.5-7b", "--gpus", "1", "--gpu-memory", "H100",
+                     "--host-memory", "128GiB"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("nothing fits 1 x H100 without offload")
+    verdicts = {line.split("  ")[0]: line.split()[-1] for line in out.splitlines()[1:] if "  8 x 1  " in line}
+    expected = {r["setup"]: "yes" if r["host_gib"] <= 128 else "no"
+                for r in offload_plan.rows("qwen2.5-7b", cards=("H100",)) if r["batch"] == "8 x 1"}
+    assert verdicts == expected and expected["ZeRO-3, part offloaded"] == "yes" and expected["plain offload"] == "no"
+    assert cli.main(["memory", "--plan", "--preset", "qwen2.5-7b", "--gpu-memory", "H100", "--host-memory", "lots"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("labs: error: --host-memory: memory size 'lots'")

@@ -1,9 +1,12 @@
-"""`labs autotune`: its command line (labs.cli adds it; labs.bench.autotune does the work)."""
+"""`labs autotune` and `labs memory --plan`: their command lines (labs.cli adds them; labs.bench.autotune,
+labs.bench.planner and labs.bench.offload_plan do the work)."""
 from __future__ import annotations
 
 from labs import resolve
-from labs.bench import autotune
+from labs.bench import autotune, offload_plan, planner
 from labs.errors import LabsError, positive_int
+from labs.memory import parse_bytes
+from labs.table import Table
 
 
 def add_autotune_parser(sub):
@@ -43,4 +46,43 @@ def run_autotune(args) -> int:
     print(autotune.table(found))
     print(f"done: the autotuner picked {found['pick']} after {len(found['experiments'])} experiments and its "
           f"model-info run, {found['seconds']:.0f} s in all; folder {args.out}")
+    return 0
+
+
+def run_plan(args) -> int:
+    """`labs memory --plan N`: the N fastest candidates that fit, by the step-time model; where none fits without
+    offload, what fits with it and the host memory each needs."""
+    preset, card, seq_len = args.preset or "qwen2.5-7b", args.gpu_memory or "H200", args.seq_len or 4096
+    host = _host_gib(args.host_memory)        # checked before any work
+    plans = planner.plan(preset, gpus=args.gpus, gpu_memory=card, batch_per_gpu=args.batch_per_gpu, seq_len=seq_len)
+    if plans:
+        print(Table(plans[:args.plan], ["side", "case", ("predicted peak GiB", "predicted_peak_gib", ".1f"),
+                                        ("predicted tokens/s/GPU", "predicted_tokens_per_s_per_gpu", ",.0f")]))
+        return 0
+    return _print_offload_plan(args, preset, card, seq_len, host)
+
+
+def _host_gib(host_memory: str | None) -> float | None:
+    if host_memory is None:
+        return None
+    try:
+        return parse_bytes(host_memory) / 2**30
+    except LabsError as error:
+        raise LabsError(f"--host-memory: {error}") from None
+
+
+def _print_offload_plan(args, preset: str, card: str, seq_len: int, host: float | None) -> int:
+    """`labs memory --plan` where no candidate fits without offload: what fits with it, and the host it needs."""
+    found = offload_plan.rows(preset, cards=(card,), gpus=args.gpus, batch_per_gpu=args.batch_per_gpu, seq_len=seq_len)
+    print(f"nothing fits {args.gpus} x {card} without offload at {args.batch_per_gpu} sequences of {seq_len:,} tokens per "
+          "GPU per step; with the optimizer offloaded (labs.memory's prediction; the step-time model has no offload "
+          "term, so these are not ranked by speed):")
+    for r in found:
+        r["checkpointing"] = f"{r['checkpointed']} of {r['layers']}"
+        r["host_fits"] = "" if host is None else ("yes" if r["host_gib"] <= host else "no")
+    columns = ["setup", "batch", ("offloaded", "offloaded", ".0%"), ("checkpointed layers", "checkpointing", ""),
+               ("GPU peak GiB", "gpu_gib", ".1f"), ("host GiB per node", "host_gib", ".0f")]
+    print(Table(found, columns + ([(f"fits {host:,.0f} GiB host", "host_fits", "")] if host else [])))
+    if not found:
+        print("nothing fits with offload either: use more GPUs (--gpus) or fewer sequences per step (--batch-per-gpu)")
     return 0

@@ -9,6 +9,7 @@ labs.memory), and the loss on the tiny model on a CPU (results/cpu/zenflow_momen
     zenflow_moments_report.round19_moments()          # its optimizer process's private memory, one set and two
     zenflow_moments_report.equal_time()               # round 19's ZenFlow against plain offload at equal time
     zenflow_moments_report.train_line()               # that ZenFlow run as a `labs train` line
+    zenflow_moments_report.startup_extra_bytes_per_param()   # what its start-up held above its training
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import json
 
 import torch
 
-from labs import RESULTS, env, memory, zenflow_moments
+from labs import RESULTS, env, memory, models, zenflow_moments
 from labs.bench import cases
 from labs.zenflow_host import source_sha256
 from labs.course import host_samples, zenflow_columns_report, zenflow_report as z
@@ -181,3 +182,14 @@ def train_line(name: str = "ft_zfm64", folder=ROUND19) -> str:
     options = {**spec, "micro_batch": resolved["train_micro_batch_size_per_gpu"],
                "grad_accum": resolved["gradient_accumulation_steps"]}
     return cases.train_line(options, spec["nproc"], inputs="--model-path YOUR_MODEL --data YOUR_DATA.jsonl")
+
+
+def startup_extra_bytes_per_param(name: str = "ft_zfm64") -> float:
+    """Round 19 on the 3B (labs' one set of moments, and labs' move of then, which gave the pinned originals back
+    only at the end): the host memory in use at the run's tightest second, during ZenFlow's start-up, above what was in
+    use at the tightest second while it trained, per parameter. Both are the same run on the same host, so the system's
+    own memory cancels; the optimizer process's moments were not yet allocated at start-up, so this understates the
+    start-up's own buffers by them."""
+    found = round19_moments()[name]
+    params = models.param_counts(models.shape("qwen2.5-3b"))["total"]
+    return (found["least_available_running_gib"] - found["least_available_gib"]) * 2**30 / params

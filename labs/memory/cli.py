@@ -47,6 +47,8 @@ def add_parser(sub):
     p.add_argument("--plan", type=positive_int, nargs="?", const=10, default=None, metavar="N",
                    help="instead: rank every configuration that fits --gpu-memory on --gpus by predicted speed "
                         "(labs.bench.planner, calibrated on results/gpu) and show the best N (default 10)")
+    p.add_argument("--host-memory", help="with --plan: host memory per node (e.g. 256GiB), checked against the host "
+                                         "each offload setup needs when nothing fits without offload")
     p.add_argument("--batch-per-gpu", type=positive_int, default=8,
                    help="with --plan: sequences per GPU per optimizer step, micro-batch x accumulation (default: 8)")
 

@@ -1,0 +1,82 @@
+"""What fits with the optimizer offloaded, when nothing fits without: each offload setup, on a card, with the host
+memory it needs. Predicted by labs.memory, not run; `labs memory --plan` prints it when no GPU-resident candidate
+fits, and chapter 10 sizes the 7B on one GPU with it.
+
+For each card, setup and split of the same sequences per optimizer step into micro-batch x accumulation, the fewest
+checkpointed layers (the first k) whose GPU peak fits the card, and the host memory that run needs. The setups:
+plain offload (ZeRO-2, every optimizer state on the host) with PyTorch's pinned allocator, which rounds each buffer up
+to a power of two, and with DeepSpeed's own (`DS_PIN_MEMORY_BACKEND=native`: each at its own size); ZenFlow, which
+runs only N x 1 (it makes the accumulation boundary its update boundary: chapter 10, round 12); and ZeRO-3 with part
+of the optimizer offloaded (`offload_optimizer.ratio`), at the smallest share whose GPU peak fits, so the least host;
+and ZeRO-3 with the parameters offloaded too, the last resort of a small card (each layer's weights cross PCIe at
+every forward and backward).
+labs.memory's host figure models training: ZenFlow's start-up took more in chapter 10's round 19.
+
+    offload_plan.rows("qwen2.5-7b", cards=("H100",))      # one row per card, setup and split that fits
+"""
+from __future__ import annotations
+
+import copy
+
+from labs import CONFIGS, config, memory, models
+from labs.memory.units import GiB
+
+SEQ_LEN = 4096
+RATIOS = tuple(k / 10 for k in range(1, 11))      # shares of the optimizer offloaded, tried smallest first
+SETUPS = {"plain offload": dict(config="bench/labs_zero2_offload.json", all_splits=True),
+          "plain offload, native pinning": dict(config="bench/labs_zero2_offload.json", host_pinning="exact"),
+          "ZenFlow": dict(config="bench/labs_zero2_offload_zenflow.json"),
+          "ZeRO-3, part offloaded": dict(config="bench/labs_zero3_offload_half.json", ratios=RATIOS),
+          "ZeRO-3, parameters offloaded too": dict(config="bench/labs_zero3_offload_all.json")}
+CARDS = ("H100", "H200")
+
+
+def splits(batch_per_gpu: int) -> list[tuple[int, int]]:
+    """Every micro-batch x accumulation that makes `batch_per_gpu` sequences per step, largest micro-batch first."""
+    return [(m, batch_per_gpu // m) for m in range(batch_per_gpu, 0, -1) if batch_per_gpu % m == 0]
+
+
+def setup_config(config_name: str, ratio: float | None = None) -> dict:
+    """A setup's DeepSpeed config, with the offloaded share of the optimizer set where `ratio` is given."""
+    loaded = copy.deepcopy(config.load(CONFIGS / config_name))
+    if ratio is not None:
+        loaded["zero_optimization"]["offload_optimizer"]["ratio"] = ratio
+    return loaded
+
+
+def fewest_checkpointed(preset: str, ds_config: dict, card, micro_batch: int, grad_accum: int, gpus: int = 1,
+                        seq_len: int = SEQ_LEN, host_pinning: str = "torch") -> dict | None:
+    """The run that fits `card` (a name or a size) with the fewest checkpointed layers, other settings as given
+    (Liger's kernels and loss, labs' fast path); None if even every layer checkpointed does not fit."""
+    inputs = dict(preset=preset, ds_config=ds_config, gpus_per_node=gpus, micro_batch=micro_batch,
+                  grad_accum=grad_accum, seq_len=seq_len, loss="liger", kernels="liger", host_pinning=host_pinning)
+    advice = memory.advise(card, **inputs)
+    if advice.fits_as_is:
+        found, checkpointing = advice.current, "none"
+    else:   # the advisor also tries ZeRO-3, parameter offload and other losses: keep only checkpointing
+        only = [o for o in advice.options if set(o["change"]) == {"activation_checkpointing"}]
+        if not only:
+            return None
+        found, checkpointing = only[0]["estimate"], only[0]["change"]["activation_checkpointing"]
+    layers = models.shape(preset)["num_hidden_layers"]
+    return dict(checkpointed=models.checkpointed_layers(checkpointing, layers), layers=layers,
+                gpu_gib=found.total_per_gpu_bytes / GiB, usable_gib=advice.usable_bytes / GiB,
+                host_gib=found.host_per_node_bytes / GiB)
+
+
+def rows(preset: str = "qwen2.5-7b", cards=CARDS, gpus: int = 1, batch_per_gpu: int = 8,
+         seq_len: int = SEQ_LEN) -> list[dict]:
+    """One row per card, setup and split that fits, in that order (ZeRO-3's: its smallest offloaded share that fits);
+    `host_gib` is per node (`gpus` ranks)."""
+    out = []
+    for card in cards:
+        for setup, how in SETUPS.items():
+            for micro_batch, grad_accum in splits(batch_per_gpu)[:None if how.get("all_splits") else 1]:
+                for ratio in how.get("ratios", (None,)):
+                    found = fewest_checkpointed(preset, setup_config(how["config"], ratio), card, micro_batch,
+                                                grad_accum, gpus, seq_len, how.get("host_pinning", "torch"))
+                    if found:
+                        out.append(dict(card=card, setup=setup, batch=f"{micro_batch} x {grad_accum}",
+                                        offloaded=1.0 if ratio is None else ratio, config=how["config"], **found))
+                        break
+    return out
