@@ -568,3 +568,17 @@ def test_plan_with_nothing_fitting_without_offload_names_the_offload_setups_and_
     assert cli.main(["memory", "--plan", "--preset", "qwen2.5-7b", "--gpu-memory", "H100", "--host-memory", "lots"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("labs: error: --host-memory: memory size 'lots'")
+
+
+def test_host_memory_is_checked_against_the_predicted_host_figure(capsys):
+    from labs import cli
+
+    args = ["memory", "--preset", "qwen2.5-3b", "--config", "bench/labs_zero2_offload.json", "--micro-batch", "8"]
+    assert cli.main([*args, "--json"]) == 0
+    host = json.loads(capsys.readouterr().out)["host_per_node_bytes"]
+    for given, fits in ((host + 2**30, True), (host - 2**30, False)):
+        assert cli.main([*args, "--json", "--host-memory", str(given)]) == 0
+        assert json.loads(capsys.readouterr().out)["host_fits"] is fits
+        assert cli.main([*args, "--host-memory", str(given)]) == 0
+        assert capsys.readouterr().out.splitlines()[-1].startswith(
+            f"host: {host / 2**30:.1f} GiB per node {'fits' if fits else 'does not fit'}")

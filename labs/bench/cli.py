@@ -5,7 +5,7 @@ from __future__ import annotations
 from labs import resolve
 from labs.bench import autotune, offload_plan, planner
 from labs.errors import LabsError, positive_int
-from labs.memory import parse_bytes
+from labs.memory import cli as memory_cli
 from labs.table import Table
 
 
@@ -53,22 +53,14 @@ def run_plan(args) -> int:
     """`labs memory --plan N`: the N fastest candidates that fit, by the step-time model; where none fits without
     offload, what fits with it and the host memory each needs."""
     preset, card, seq_len = args.preset or "qwen2.5-7b", args.gpu_memory or "H200", args.seq_len or 4096
-    host = _host_gib(args.host_memory)        # checked before any work
+    host = memory_cli.host_bytes(args.host_memory)        # checked before any work
+    host = host / 2**30 if host is not None else None
     plans = planner.plan(preset, gpus=args.gpus, gpu_memory=card, batch_per_gpu=args.batch_per_gpu, seq_len=seq_len)
     if plans:
         print(Table(plans[:args.plan], ["side", "case", ("predicted peak GiB", "predicted_peak_gib", ".1f"),
                                         ("predicted tokens/s/GPU", "predicted_tokens_per_s_per_gpu", ",.0f")]))
         return 0
     return _print_offload_plan(args, preset, card, seq_len, host)
-
-
-def _host_gib(host_memory: str | None) -> float | None:
-    if host_memory is None:
-        return None
-    try:
-        return parse_bytes(host_memory) / 2**30
-    except LabsError as error:
-        raise LabsError(f"--host-memory: {error}") from None
 
 
 def _print_offload_plan(args, preset: str, card: str, seq_len: int, host: float | None) -> int:

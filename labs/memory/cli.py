@@ -13,7 +13,7 @@ from labs.errors import LabsError, positive_int
 from labs.memory.accounting import OPTIMIZERS
 from labs.memory.advise import advise
 from labs.memory.estimate import MemoryEstimate, estimate
-from labs.memory.units import GB, GPUS, GiB
+from labs.memory.units import GB, GPUS, GiB, parse_bytes
 
 
 def add_parser(sub):
@@ -47,8 +47,8 @@ def add_parser(sub):
     p.add_argument("--plan", type=positive_int, nargs="?", const=10, default=None, metavar="N",
                    help="instead: rank every configuration that fits --gpu-memory on --gpus by predicted speed "
                         "(labs.bench.planner, calibrated on results/gpu) and show the best N (default 10)")
-    p.add_argument("--host-memory", help="with --plan: host memory per node (e.g. 256GiB), checked against the host "
-                                         "each offload setup needs when nothing fits without offload")
+    p.add_argument("--host-memory", help="host memory per node (e.g. 256GiB), checked against the prediction's (with "
+                                         "--plan: against each offload setup's, where nothing fits without offload)")
     p.add_argument("--batch-per-gpu", type=positive_int, default=8,
                    help="with --plan: sequences per GPU per optimizer step, micro-batch x accumulation (default: 8)")
 
@@ -56,11 +56,13 @@ def add_parser(sub):
 def run(args) -> int:
     if (args.preset is None) == (args.params is None):
         raise LabsError(f"give exactly one of --preset ({', '.join(models.PRESETS)}) and --params (e.g. 7.5e9)")
+    host = host_bytes(args.host_memory)
     ds_config = config.load(args.config) if args.config else None
     checkpointing = args.activation_checkpointing
     est = estimate(args.preset, params=args.params, stage=args.stage, gpus_per_node=args.gpus, nodes=args.nodes,
                    precision=args.precision, offload_optimizer=args.offload_optimizer,
-                   offload_param=args.offload_param, micro_batch=args.micro_batch, grad_accum=args.grad_accum, seq_len=args.seq_len,
+                   offload_param=args.offload_param, micro_batch=args.micro_batch, grad_accum=args.grad_accum,
+                   seq_len=args.seq_len,
                    activation_checkpointing=int(checkpointing) if checkpointing.isdigit() else checkpointing,
                    loss=args.loss, kernels=args.kernels, optimizer=args.optimizer, ds_config=ds_config,
                    engine=args.engine, host_pinning=args.host_pinning)
@@ -71,10 +73,26 @@ def run(args) -> int:
         if advice:
             out["verdict"] = advice.as_dict()
             out["fits"] = advice.fits_as_is
+        if host is not None:
+            out["host_fits"] = est.host_per_node_bytes <= host
         print(json.dumps(out, indent=1, default=str))
     else:
         print(format_table(est, advice))
+        if host is not None:
+            verdict = "fits" if est.host_per_node_bytes <= host else "does not fit"
+            print(f"host: {est.host_per_node_bytes / GiB:.1f} GiB per node {verdict} {host / GiB:.1f} GiB "
+                  "(the system and the data loader come on top)")
     return 0
+
+
+def host_bytes(host_memory: str | None) -> int | None:
+    """--host-memory, parsed, the flag named where it is wrong."""
+    if host_memory is None:
+        return None
+    try:
+        return parse_bytes(host_memory)
+    except LabsError as error:
+        raise LabsError(f"--host-memory: {error}") from None
 
 
 def format_table(est: MemoryEstimate, advice=None) -> str:
