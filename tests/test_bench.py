@@ -250,7 +250,7 @@ def test_readme_quotes_the_recorded_round_2_numbers():
     assert sorted(r["run"] for r in results.peak_comparisons() if r["case"] == "stock-zero2-cknone-mb2-ga4") == ["f", "x"]
     from labs.bench import offload_plan
     h100 = {r["setup"]: r for r in offload_plan.rows("qwen2.5-7b", cards=("H100",)) if r["batch"] == "8 x 1"}
-    host_gib = results.load_all()["2026-12-01_m_offload_3b_1xh200"]["host"]["host_memory_gib"]
+    host_gib = g.result_file(g.RUNS["offload"])["host"]["host_memory_gib"]
     part = h100["ZeRO-3, part offloaded"]
     expected += [f"about {h100['plain offload']['host_gib']:.0f} GiB of host memory "
                  f"({h100['plain offload, native pinning']['host_gib']:.0f} with",

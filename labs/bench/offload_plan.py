@@ -48,20 +48,15 @@ def fewest_checkpointed(preset: str, ds_config: dict, card, micro_batch: int, gr
                         seq_len: int = SEQ_LEN, host_pinning: str = "torch") -> dict | None:
     """The run that fits `card` (a name or a size) with the fewest checkpointed layers, other settings as given
     (Liger's kernels and loss, labs' fast path); None if even every layer checkpointed does not fit."""
-    inputs = dict(preset=preset, ds_config=ds_config, gpus_per_node=gpus, micro_batch=micro_batch,
-                  grad_accum=grad_accum, seq_len=seq_len, loss="liger", kernels="liger", host_pinning=host_pinning)
-    advice = memory.advise(card, **inputs)
-    if advice.fits_as_is:
-        found, checkpointing = advice.current, "none"
-    else:   # the advisor also tries ZeRO-3, parameter offload and other losses: keep only checkpointing
-        only = [o for o in advice.options if set(o["change"]) == {"activation_checkpointing"}]
-        if not only:
-            return None
-        found, checkpointing = only[0]["estimate"], only[0]["change"]["activation_checkpointing"]
-    layers = models.shape(preset)["num_hidden_layers"]
-    return dict(checkpointed=models.checkpointed_layers(checkpointing, layers), layers=layers,
-                gpu_gib=found.total_per_gpu_bytes / GiB, usable_gib=advice.usable_bytes / GiB,
-                host_gib=found.host_per_node_bytes / GiB)
+    found = memory.fewest_checkpointed(card, preset=preset, ds_config=ds_config, gpus_per_node=gpus,
+                                       micro_batch=micro_batch, grad_accum=grad_accum, seq_len=seq_len, loss="liger",
+                                       kernels="liger", host_pinning=host_pinning)
+    if found is None:
+        return None
+    checkpointed, estimate = found
+    return dict(checkpointed=checkpointed, layers=models.shape(preset)["num_hidden_layers"],
+                gpu_gib=estimate.total_per_gpu_bytes / GiB, usable_gib=memory.usable_bytes(card) / GiB,
+                host_gib=estimate.host_per_node_bytes / GiB)
 
 
 def rows(preset: str = "qwen2.5-7b", cards=CARDS, gpus: int = 1, batch_per_gpu: int = 8,

@@ -19,7 +19,7 @@ import json
 
 import torch
 
-from labs import RESULTS, env, memory, models, zenflow_moments
+from labs import RESULTS, env, memory, zenflow_moments
 from labs.bench import cases
 from labs.zenflow_host import source_sha256
 from labs.course import host_samples, zenflow_columns_report, zenflow_report as z
@@ -133,7 +133,7 @@ def round19_moments() -> dict[str, dict]:
     process's largest private memory (GiB), 8 bytes per parameter per set of moments (GiB), the host's least available
     memory over the whole run and while the optimizer process ran (GiB, with the second of the run), the training
     rank's shared memory at its largest and while the process ran (GiB), and labs.memory's host figure for the node
-    (GiB), which models training, not the start-up."""
+    (GiB), which models training, not the start-up, with the parameters it counts."""
     found = {}
     for name, moments in (("ft_zfm64", "labs"), ("ft_zfm64_ctl", "deepspeed")):
         host = host_samples.read(ROUND19 / name)
@@ -147,7 +147,7 @@ def round19_moments() -> dict[str, dict]:
                            least_available_running_gib=least_running["available_gib"],
                            rank_shared_gib=host["peaks"][("training rank", "RssShmem")],
                            rank_shared_running_gib=max(t["training rank RssShmem"] for t in running),
-                           host_gib=estimate.host_per_node_bytes / 2**30)
+                           host_gib=estimate.host_per_node_bytes / 2**30, params=estimate.params)
     return found
 
 
@@ -191,5 +191,4 @@ def startup_extra_bytes_per_param(name: str = "ft_zfm64") -> float:
     own memory cancels; the optimizer process's moments were not yet allocated at start-up, so this understates the
     start-up's own buffers by them."""
     found = round19_moments()[name]
-    params = models.param_counts(models.shape("qwen2.5-3b"))["total"]
-    return (found["least_available_running_gib"] - found["least_available_gib"]) * 2**30 / params
+    return (found["least_available_running_gib"] - found["least_available_gib"]) * 2**30 / found["params"]

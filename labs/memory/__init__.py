@@ -11,10 +11,10 @@ estimate.py (all of them for one setup), advise.py (fit verdicts), cli.py (`labs
 """
 from labs.memory import activations, layout, peak
 from labs.memory.accounting import OPTIMIZERS, deepspeed_estimator, paper_model_states_bytes
-from labs.memory.advise import Advice, advise, slowdown_rules
+from labs.memory.advise import Advice, advise, fewest_checkpointed, slowdown_rules
 from labs.memory.estimate import DTYPE_BYTES, MemoryEstimate, estimate, from_run, host_pinning_of
 from labs.memory.units import GB, GPUS, GiB, gpu_bytes, parse_bytes, usable_bytes
 
 __all__ = ["activations", "layout", "peak", "OPTIMIZERS", "deepspeed_estimator", "paper_model_states_bytes", "Advice",
-           "advise", "slowdown_rules", "DTYPE_BYTES", "MemoryEstimate", "estimate", "from_run", "GB", "GPUS", "GiB",
+           "advise", "fewest_checkpointed", "slowdown_rules", "DTYPE_BYTES", "MemoryEstimate", "estimate", "from_run", "GB", "GPUS", "GiB",
            "gpu_bytes", "parse_bytes", "usable_bytes", "host_pinning_of"]

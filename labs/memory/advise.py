@@ -97,6 +97,21 @@ def advise(gpu_memory_bytes, reserve_bytes=None, **inputs) -> Advice:
     return advice
 
 
+def fewest_checkpointed(gpu_memory_bytes, reserve_bytes=None, **inputs) -> tuple[int, MemoryEstimate] | None:
+    """The fewest decoder layers to checkpoint (the first k, at least as many as `inputs` checkpoint) for the peak to
+    fit, every other setting as given, with the estimate at that k; None if even every layer checkpointed does not
+    fit. The search advise() runs for each option, for one setup alone."""
+    current = estimate(**inputs)
+    base = current.inputs
+    dims = base["dims"] or models.shape(base["preset"])
+    layers = dims["num_hidden_layers"]
+    now = models.checkpointed_layers(base["activation_checkpointing"], layers)
+    k = _fewest_layers({}, base, now, layers, usable_bytes(parse_bytes(gpu_memory_bytes), reserve_bytes))
+    if k is None:
+        return None
+    return k, estimate(**{**base, "activation_checkpointing": _how(k, layers, base["activation_checkpointing"])})
+
+
 def slowdown_rules() -> list[dict]:
     """The rules `advise` ranks options by, as rows for a table: each change and the factor it is charged."""
     return [dict(change="stage 3 (from 0-2)", factor=f"{SLOWDOWN['zero3']}x"),
