@@ -570,6 +570,17 @@ def test_plan_with_nothing_fitting_without_offload_names_the_offload_setups_and_
     assert len(err) == 1 and err[0].startswith("labs: error: --host-memory: memory size 'lots'")
 
 
+def test_plan_without_gpu_memory_says_which_card_it_planned_for(capsys):
+    """Most readers have 80 GB cards: a plan made for an H200 because --gpu-memory was left out must say so."""
+    from labs import cli
+
+    assert cli.main(["memory", "--plan", "3", "--preset", "qwen2.5-7b", "--gpus", "2"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("no --gpu-memory given: planning for H200") and "--gpu-memory H100" in first
+    assert cli.main(["memory", "--plan", "3", "--preset", "qwen2.5-7b", "--gpus", "2", "--gpu-memory", "H100"]) == 0
+    assert "no --gpu-memory given" not in capsys.readouterr().out
+
+
 def test_host_memory_is_checked_against_the_predicted_host_figure(capsys):
     from labs import cli
 

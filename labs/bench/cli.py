@@ -55,6 +55,9 @@ def run_plan(args) -> int:
     preset, card, seq_len = args.preset or "qwen2.5-7b", args.gpu_memory or "H200", args.seq_len or 4096
     host = memory_cli.host_bytes(args.host_memory)        # checked before any work
     host = host / 2**30 if host is not None else None
+    if args.gpu_memory is None:   # most readers plan for 80 GB cards: a silent H200 answer would mislead them
+        print("no --gpu-memory given: planning for H200 cards (141 GB); for an 80 GB card pass --gpu-memory H100 "
+              "(or 80GiB)")
     plans = planner.plan(preset, gpus=args.gpus, gpu_memory=card, batch_per_gpu=args.batch_per_gpu, seq_len=seq_len)
     if plans:
         print(Table(plans[:args.plan], ["side", "case", ("predicted peak GiB", "predicted_peak_gib", ".1f"),
