@@ -29,6 +29,8 @@ from labs.course import exercises
     ("10.1", 8 * 7_615_616_512 / 2**30, 16 * 7_615_616_512 / 2**30),   # labs keeps one set of moments, not two
     ("10.3", 0.1 / (1 - 0.9**8) / (0.05 / (1 - 0.95**8)) ** 0.5, 0.56),   # step 8's factors, not interval 4's first move
     ("10.2", 4 * 7_615_616_512 / 46.5e9, 2 * 7_615_616_512 / 46.5e9),   # fp32 crosses, cast on the GPU after
+    # the 8 x 1 native row (128.7 GiB) plus each bf16 gradient waiting on the host, not an fp32 one
+    ("10.4", 128.68 + 2 * 7_615_616_512 / 2**30, 128.68 + 4 * 7_615_616_512 / 2**30),
 ])
 def test_checkers_accept_the_answer_and_reject_others(id, right, wrong, capsys):
     unanswered = (exercises.check(id, None), capsys.readouterr().out)

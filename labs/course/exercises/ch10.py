@@ -2,6 +2,7 @@
 expected answer is labs' formula, DeepSpeed's own CPU Adam op, or the recorded GPU runs (results/gpu/zenflow_1xh200),
 and the tolerance is what the reasoning can be expected to reach."""
 from labs import models
+from labs.bench import offload_plan
 from labs.course import zenflow_moments_report, zenflow_report
 from labs.course.exercises.registry import exercise
 
@@ -41,3 +42,17 @@ def _copy_back_7b():
                "1 - 0.95**8; the move is the first over the square root of the second")
 def _first_update_at_interval_8():
     return zenflow_moments_report.moves("deepspeed", updates=1, interval=8)[0]
+
+
+@exercise("10.4", "Plain offload of Qwen2.5-7B on one H100 80GB with DeepSpeed's native pinning: at 8 x 1 (8 sequences "
+          "of 4,096 tokens per optimizer step as one micro-batch) the host holds the figure in the sizing table "
+          "(section \"For you\"). Split the same 8 sequences 4 x 2 instead (fewer layers checkpointed, the GPU peak "
+          "still fits): how many GiB of host memory does the run hold?", "GiB", rel=0.02,
+          hint="the optimizer state on the host does not change; what accumulation adds is each gradient waiting on "
+               "the host between micro-batches, in the model's dtype (bf16: 2 bytes per parameter of the 7.6 B), "
+               "each buffer pinned at its own size under native pinning (the 4 x 2 row with PyTorch's pinning rounds "
+               "every buffer up to a power of two)")
+def _native_pinning_split_host_7b():
+    found = offload_plan.fewest_checkpointed("qwen2.5-7b", offload_plan.setup_config("bench/labs_zero2_offload.json"),
+                                             "H100", micro_batch=4, grad_accum=2, host_pinning="exact")
+    return found["host_gib"]
