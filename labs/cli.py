@@ -14,6 +14,7 @@ EXAMPLES = """examples:
   labs train --preset qwen2.5-7b --config zero3_offload_optimizer.json --nproc 1 --out runs/offload
   labs train --data corpus.jsonl --seq-len 512 --micro-batch 4 --grad-accum 8 --lr 1e-4
   labs memory --preset qwen2.5-7b --stage 3 --gpus 2 --gpu-memory 80GiB
+  labs memory --plan --preset qwen2.5-7b --gpus 1 --gpu-memory H100 --host-memory 256GiB   what fits, fastest first
   labs export runs/long models/long                   a Hugging Face folder (from_pretrained) of the last checkpoint
   labs bench --preset qwen2.5-7b --cases stock-zero3,labs-zero3 --out results/gpu/mine.json
   labs env
