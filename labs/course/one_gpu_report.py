@@ -3,6 +3,8 @@ planner's three candidates at the same 8 x 4,096 tokens per optimizer step, comp
 
     one_gpu_report.best_vs_best()        # per sweep: each side's best, the ratio, the repeat's ratio
     one_gpu_report.out_of_memory("y")    # a case that failed: what it asked for, against labs.memory then and now
+    one_gpu_report.real_card()           # run y on a real H100 (y3, y4) against the capped H200
+    one_gpu_report.cap_after_card_cap()  # run y5: labs.card_cap's cap on an H200 against the real H100
 """
 from __future__ import annotations
 
@@ -20,6 +22,8 @@ CAP_AFTER_FIX = "y2_repeat_cap80_3b_1xh200"
 SETUPS = dict(x=("qwen2.5-3b", None), y=("qwen2.5-3b", "H100"), z=("qwen2.5-7b", None))   # preset, --gpu-memory
 # Round 21: run y on a real H100 80GB (no cap: the card's own memory), then each side's best again, stock first
 REAL_CARD = dict(sweep="y3_sweep_3b_1xh100", repeat="y4_repeat_3b_1xh100")
+# Round 23: the three cases of y3 that decided the cap's question, on an H200 under labs.card_cap's H100 cap
+CARD_CAP = "y5_cap_fixed_3b_1xh200"
 
 
 def best_vs_best() -> list[dict]:
@@ -145,3 +149,21 @@ def real_card() -> dict:
                 ratio=labs["tokens_per_s_per_gpu"] / stock["tokens_per_s_per_gpu"],
                 repeat_ratio=again[labs["case"]]["tokens_per_s_per_gpu"] / again[stock["case"]]["tokens_per_s_per_gpu"],
                 planner=gpu_report.planner_check(REAL_CARD["sweep"]))
+
+
+def cap_after_card_cap() -> list[dict]:
+    """Run y5 (an H200 under labs.card_cap's H100 cap) case by case against the real H100 (y3) and the plain cap (y2
+    where it ran the case, else y): whether it fit each way, tokens/s under the new cap over the real card's, and,
+    for a case that ran out of memory under the new cap, what PyTorch held and asked for."""
+    def status(suffix):
+        return {r["case"]: r for r in gpu_report.case_rows(suffix)}
+    new, card, plain = status(CARD_CAP), status(REAL_CARD["sweep"]), {**status(SWEEPS["y"]), **status(CAP_AFTER_FIX)}
+    found = []
+    for case, r in new.items():
+        ok = r["status"] == "ok"
+        said = {} if ok else oom_figures(gpu_report.result_file(CARD_CAP)["cases"][case]["error"])
+        found.append(dict(case=case, card_cap=r["status"], real_card=card[case]["status"],
+                          plain_cap=plain[case]["status"], tokens_per_s=r["tokens_per_s_per_gpu"] if ok else None,
+                          over_real_card=r["tokens_per_s_per_gpu"] / card[case]["tokens_per_s_per_gpu"] if ok else None,
+                          peak_gib=r["peak_gib"] if ok else None, **said))
+    return found

@@ -129,26 +129,30 @@ def round19_target() -> dict:
 
 
 def round19_moments() -> dict[str, dict]:
-    """Per ZenFlow run of round 19 at interval 4, from its host samples (each second) and labs.memory: the optimizer
-    process's largest private memory (GiB), 8 bytes per parameter per set of moments (GiB), the host's least available
-    memory over the whole run and while the optimizer process ran (GiB, with the second of the run), the training
-    rank's shared memory at its largest and while the process ran (GiB), and labs.memory's host figure for the node
-    (GiB), which models training, not the start-up, with the parameters it counts."""
-    found = {}
-    for name, moments in (("ft_zfm64", "labs"), ("ft_zfm64_ctl", "deepspeed")):
-        host = host_samples.read(ROUND19 / name)
-        running = [t for t in host["timeline"] if "ZenFlow's optimizer process RssAnon" in t]
-        least, least_running = (min(seconds, key=lambda t: t["available_gib"]) for seconds in (host["timeline"], running))
-        estimate = memory.from_run(ROUND19 / name, zenflow_moments=moments)
-        found[name] = dict(private_gib=host["peaks"][("ZenFlow's optimizer process", "RssAnon")],
-                           moments_gib=(1 if moments == "labs" else 2) * 8 * estimate.params / 2**30,
-                           total_gib=host["total_gib"], least_available_gib=least["available_gib"],
-                           least_second=least["second"], process_from_second=running[0]["second"],
-                           least_available_running_gib=least_running["available_gib"],
-                           rank_shared_gib=host["peaks"][("training rank", "RssShmem")],
-                           rank_shared_running_gib=max(t["training rank RssShmem"] for t in running),
-                           host_gib=estimate.host_per_node_bytes / 2**30, params=estimate.params)
-    return found
+    """host_use for round 19's ZenFlow runs at interval 4: labs' CPU Adam (one set of moments) and the control with
+    DeepSpeed's (two)."""
+    return {name: host_use(ROUND19 / name, moments) for name, moments in (("ft_zfm64", "labs"),
+                                                                           ("ft_zfm64_ctl", "deepspeed"))}
+
+
+def host_use(run_dir, moments: str = "labs") -> dict:
+    """A sampled ZenFlow run's host, from its host samples (each second) and labs.memory: the optimizer process's
+    largest private memory (GiB), 8 bytes per parameter per set of moments (GiB), the host's least available memory
+    over the whole run and while the optimizer process ran (GiB, with the second of the run), the training rank's
+    shared memory at its largest and while the process ran (GiB), and labs.memory's host figure for the node (GiB),
+    which models training, not the start-up, with the parameters it counts."""
+    host = host_samples.read(run_dir)
+    running = [t for t in host["timeline"] if "ZenFlow's optimizer process RssAnon" in t]
+    least, least_running = (min(seconds, key=lambda t: t["available_gib"]) for seconds in (host["timeline"], running))
+    estimate = memory.from_run(run_dir, zenflow_moments=moments)
+    return dict(private_gib=host["peaks"][("ZenFlow's optimizer process", "RssAnon")],
+                moments_gib=(1 if moments == "labs" else 2) * 8 * estimate.params / 2**30,
+                total_gib=host["total_gib"], least_available_gib=least["available_gib"],
+                least_second=least["second"], process_from_second=running[0]["second"],
+                least_available_running_gib=least_running["available_gib"],
+                rank_shared_gib=host["peaks"][("training rank", "RssShmem")],
+                rank_shared_running_gib=max(t["training rank RssShmem"] for t in running),
+                host_gib=estimate.host_per_node_bytes / 2**30, params=estimate.params)
 
 
 def equal_time(name: str = "ft_zfm64", window: int = 8) -> dict:
@@ -184,11 +188,11 @@ def train_line(name: str = "ft_zfm64", folder=ROUND19) -> str:
     return cases.train_line(options, spec["nproc"], inputs="--model-path YOUR_MODEL --data YOUR_DATA.jsonl")
 
 
-def startup_extra_bytes_per_param(name: str = "ft_zfm64") -> float:
+def startup_extra_bytes_per_param(run_dir=ROUND19 / "ft_zfm64") -> float:
     """Round 19 on the 3B (labs' one set of moments, and labs' move of then, which gave the pinned originals back
     only at the end): the host memory in use at the run's tightest second, during ZenFlow's start-up, above what was in
     use at the tightest second while it trained, per parameter. Both are the same run on the same host, so the system's
     own memory cancels; the optimizer process's moments were not yet allocated at start-up, so this understates the
     start-up's own buffers by them."""
-    found = round19_moments()[name]
+    found = host_use(run_dir)
     return (found["least_available_running_gib"] - found["least_available_gib"]) * 2**30 / found["params"]
