@@ -178,12 +178,13 @@ def equal_time(name: str = "ft_zfm64", window: int = 8) -> dict:
                 falls=(r10["off20b"]["fall"], r10["ref20"]["fall"]))
 
 
-def train_line(name: str = "ft_zfm64", folder=ROUND19) -> str:
+def train_line(name: str = "ft_zfm64", folder=ROUND19, config: str | None = None) -> str:
     """The `labs train` line of a recorded ZenFlow run, from its run.json and resolved config, with the round's own
-    weights and data as placeholders."""
+    weights and data as placeholders; `config` names the committed config of a run made with a copy in /tmp."""
     spec = json.loads((folder / name / "run.json").read_text())
     resolved = json.loads((folder / name / "ds_config.json").read_text())
-    options = {**spec, "micro_batch": resolved["train_micro_batch_size_per_gpu"],
+    options = {**spec, **({"config": config} if config else {}),
+               "micro_batch": resolved["train_micro_batch_size_per_gpu"],
                "grad_accum": resolved["gradient_accumulation_steps"]}
     return cases.train_line(options, spec["nproc"], inputs="--model-path YOUR_MODEL --data YOUR_DATA.jsonl")
 
