@@ -257,6 +257,20 @@ def test_readme_quotes_the_recorded_round_2_numbers():
                  f"ZenFlow {h100['ZenFlow']['host_gib']:.0f}, and ZeRO-3 with {part['offloaded']:.0%} of the",
                  f"offloaded {part['host_gib']:.0f}: only that one fits a {host_gib:.0f} GiB host"]
     assert [name for name, r in h100.items() if r["host_gib"] <= host_gib] == ["ZeRO-3, part offloaded"]
+    from labs.course import one_card_7b, zenflow_verdict as zv
+    ran = one_card_7b.rows()[0]
+    runs23, equal23, both23 = zv.runs(), zv.equal_time(), zv.overlap_or_not()
+    two_cards = next(r for r in g.recipes() if r["gpus"] == 2 and r["budget"].startswith("80"))
+    expected += [f"{ran['tokens_per_s_per_gpu']:,.0f} tokens/s at {ran['batch']} with {ran['checkpointed']} of 28",
+                 f"({ran['mfu']:.1%} MFU)", f"GPU peak {ran['gpu_gib']:.1f} GiB against {ran['predicted_gpu_gib']:.1f}",
+                 f"host {ran['host_gib']:.1f} GiB against {ran['predicted_host_gib']:.1f}",
+                 f"at {two_cards['labs_tokens_per_s'] / ran['tokens_per_s_per_gpu']:.1f}x that (run {two_cards['run']})",
+                 f"({runs23['ft_off48']['gap']:+.3f} nats", f"at {runs23['ft_off48']['share']:.1%} of its speed",
+                 f"(by {equal23['ft_zfm64']['zen_loss'] - equal23['ft_zfm64']['off_loss']:.2f} nats)",
+                 f"(by {equal23['ft_zfs48']['zen_loss'] - equal23['ft_zfs48']['off_loss']:.2f})",
+                 f"{runs23['ft_zfs48']['share']:.1%} of no offload's speed against {runs23['ft_zfm64']['share']:.1%}",
+                 f"{runs23['ft_zfs48']['gap']:+.2f} nats against {runs23['ft_zfm64']['gap']:+.2f}",
+                 f"{both23['overlapped_loss'] - both23['sequential_loss']:.2f} nats ahead"]
     missing = [figure for figure in expected if figure not in table]
     assert not missing, missing
 
