@@ -254,7 +254,8 @@ def test_readme_quotes_the_recorded_round_2_numbers():
     part = h100["ZeRO-3, part offloaded"]
     expected += [f"about {h100['plain offload']['host_gib']:.0f} GiB of host memory "
                  f"({h100['plain offload, native pinning']['host_gib']:.0f} with",
-                 f"ZenFlow {h100['ZenFlow']['host_gib']:.0f}, and ZeRO-3 with {part['offloaded']:.0%} of the",
+                 f"ZenFlow {h100['ZenFlow']['host_gib']:.0f} ({h100['ZenFlow, no overlap']['host_gib']:.0f} without its "
+                 f"overlap), and ZeRO-3 with {part['offloaded']:.0%} of the",
                  f"offloaded {part['host_gib']:.0f}: only that one fits a {host_gib:.0f} GiB host"]
     assert [name for name, r in h100.items() if r["host_gib"] <= host_gib] == ["ZeRO-3, part offloaded"]
     from labs.course import one_card_7b, zenflow_verdict as zv

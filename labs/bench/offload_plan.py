@@ -5,12 +5,13 @@ fits, and chapter 10 sizes the 7B on one GPU with it.
 For each card, setup and split of the same sequences per optimizer step into micro-batch x accumulation, the fewest
 checkpointed layers (the first k) whose GPU peak fits the card, and the host memory that run needs. The setups:
 plain offload (ZeRO-2, every optimizer state on the host) with PyTorch's pinned allocator, which rounds each buffer up
-to a power of two, and with DeepSpeed's own (`DS_PIN_MEMORY_BACKEND=native`: each at its own size); ZenFlow, which
-runs only N x 1 (it makes the accumulation boundary its update boundary: chapter 10, round 12); and ZeRO-3 with part
+to a power of two, and with DeepSpeed's own (`DS_PIN_MEMORY_BACKEND=native`: each at its own size); ZenFlow, with its
+CPU step overlapped in a second process and without (`overlap_step: false`), which runs only N x 1 (it makes the accumulation boundary its update boundary: chapter 10, round 12); and ZeRO-3 with part
 of the optimizer offloaded (`offload_optimizer.ratio`), at the smallest share whose GPU peak fits, so the least host;
 and ZeRO-3 with the parameters offloaded too, the last resort of a small card (each layer's weights cross PCIe at
 every forward and backward).
-labs.memory's host figure models training: ZenFlow's start-up took more in chapter 10's round 19.
+labs.memory's host figure models training: ZenFlow's start-up took more in chapter 10's round 19, and no more since labs
+gives each pinned buffer back as soon as it has moved (round 23).
 
     offload_plan.rows("qwen2.5-7b", cards=("H100",))      # one row per card, setup and split that fits
 """
@@ -26,6 +27,7 @@ RATIOS = tuple(k / 10 for k in range(1, 11))      # shares of the optimizer offl
 SETUPS = {"plain offload": dict(config="bench/labs_zero2_offload.json", all_splits=True),
           "plain offload, native pinning": dict(config="bench/labs_zero2_offload.json", host_pinning="exact"),
           "ZenFlow": dict(config="bench/labs_zero2_offload_zenflow.json"),
+          "ZenFlow, no overlap": dict(config="bench/labs_zero2_offload_zenflow_sequential.json"),
           "ZeRO-3, part offloaded": dict(config="bench/labs_zero3_offload_half.json", ratios=RATIOS),
           "ZeRO-3, parameters offloaded too": dict(config="bench/labs_zero3_offload_all.json")}
 CARDS = ("H100", "H200")

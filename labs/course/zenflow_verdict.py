@@ -14,6 +14,7 @@ steps, each run's speed as a share of its own round's no offload (the same kind 
 """
 from __future__ import annotations
 
+from labs import memory
 from labs.course import host_samples, zenflow_moments_report as zm, zenflow_report as z
 
 ROUND23 = z.FINETUNE / "round23"
@@ -32,17 +33,21 @@ def _mean(values) -> float:
 
 
 def runs() -> dict[str, dict]:
-    """Per run, over its first 48 steps: label, losses, seconds since the end of step 1 at the end of each step
-    (zenflow_report.zenflow_runs: the overlapped run's step 4 starts its optimizer process), tokens/s over whole
-    cycles after the first (the whole run: round 19's ZenFlow ran 64 steps) as a share of its round's no offload, the
-    mean loss over steps 41-48 and its gap to that no offload's."""
+    """Per run, over its first 48 steps: label, micro-batch x accumulation, losses, seconds since the end of step 1 at
+    the end of each step (zenflow_report.zenflow_runs), its slowest step after step 1 and how long it took (the
+    overlapped run's step 4 starts its optimizer process), tokens/s over whole cycles after the first (the whole run:
+    round 19's ZenFlow ran 64 steps), its round's no offload's and the share, the mean loss over steps 41-48 and its
+    gap to that no offload's."""
     found = {}
     for name, (folder, reference, label) in RUNS.items():
         pair = z.zenflow_runs((reference, name), folder, CYCLE)
         run, ref = pair[name], pair[reference]
         late = _mean(run["losses"][STEPS - WINDOW:STEPS])
+        slowest = max(range(1, STEPS), key=lambda k: run["step_s"][k])          # after step 1's warm-up
         found[name] = dict(label=label, losses=run["losses"][:STEPS], elapsed_s=run["elapsed_s"][:STEPS],
-                           tokens_per_s_per_gpu=run["tokens_per_s_per_gpu"],
+                           batch=f"{run['micro_batch']} x {run['grad_accum']}", slowest_step=slowest + 1,
+                           slowest_step_s=run["step_s"][slowest], tokens_per_s_per_gpu=run["tokens_per_s_per_gpu"],
+                           reference_tokens_per_s_per_gpu=ref["tokens_per_s_per_gpu"],
                            share=run["tokens_per_s_per_gpu"] / ref["tokens_per_s_per_gpu"], late_loss=late,
                            gap=late - _mean(ref["losses"][STEPS - WINDOW:STEPS]))
     return found
@@ -69,16 +74,19 @@ def overlap_or_not() -> dict:
     """ZenFlow with its CPU step overlapped (round 19, 64 steps) against in the training process (round 23, 48), at
     equal time: the overlapped run's steps in the time the sequential one took for 48 (each at its share of its
     round's no offload), the overlapped run's mean loss over the last 8 of those, the sequential run's over steps
-    41-48; and the least host memory available while each trained (GiB; the overlapped figure from round 23's
-    zf_start, the same run on the sequential run's host)."""
+    41-48; the least host memory available while each trained (GiB; the overlapped figure from round 23's zf_start,
+    the same run on the sequential run's host); and the sequential run's training rank at the host's tightest second
+    (private plus shared, GiB) against labs.memory's host figure for it."""
     measured = runs()
     overlapped, sequential = measured["ft_zfm64"], measured["ft_zfs48"]
     steps = STEPS * overlapped["share"] / sequential["share"]
     losses = z.zenflow_runs(("ft_zfm64",), zm.ROUND19, CYCLE)["ft_zfm64"]["losses"]    # all 64 steps
     reached = int(steps)
+    host = host_samples.read(ROUND23 / "ft_zfs48")
     return dict(overlapped_steps=steps, overlapped_loss=_mean(losses[reached - WINDOW:reached]),
-                sequential_loss=sequential["late_loss"],
-                sequential_available_gib=host_samples.read(ROUND23 / "ft_zfs48")["least_available_gib"],
+                sequential_loss=sequential["late_loss"], sequential_available_gib=host["least_available_gib"],
+                sequential_rank_gib=sum(host["at_tightest"].values()),
+                sequential_predicted_gib=memory.from_run(ROUND23 / "ft_zfs48").host_per_node_bytes / 2**30,
                 overlapped_available_gib=zm.host_use(ROUND23 / "zf_start")["least_available_running_gib"])
 
 
