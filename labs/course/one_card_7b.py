@@ -12,6 +12,7 @@ import re
 import statistics
 
 from labs import RESULTS, memory
+from labs.bench import offload_plan
 from labs.course import host_samples
 from labs.metrics import read_jsonl
 
@@ -21,8 +22,8 @@ FLUSHES = re.compile(r"(\d+) pytorch allocator cache flushes since last step")
 
 
 def rows() -> list[dict]:
-    """Per run: the split, layers checkpointed, offloaded share, tokens/s per GPU (median of steps 3-6) and MFU (both
-    conventions), the GPU peak (torch.cuda.max_memory_allocated) and PyTorch's reserved peak against labs.memory's
+    """Per run: the split, layers checkpointed (and the fewest that fit an H100 by labs.bench.offload_plan), offloaded
+    share, tokens/s per GPU (median of steps 3-6) and MFU (both conventions), the GPU peak (torch.cuda.max_memory_allocated) and PyTorch's reserved peak against labs.memory's
     prediction, the training rank's host memory at the host's tightest second (private plus shared, which holds the
     pinned buffers) against labs.memory's host figure, the host's total and least available memory (GiB), the median
     share of a step (3-6) in DeepSpeed's optimizer step timer (the CPU Adam step and the copies around it), and the
@@ -33,12 +34,14 @@ def rows() -> list[dict]:
         summary = json.loads((run_dir / "summary.json").read_text())
         ds_config = json.loads((run_dir / "ds_config.json").read_text())
         predicted = memory.from_run(run_dir)
+        fewest = offload_plan.fewest_checkpointed("qwen2.5-7b", ds_config, "H100", summary["micro_batch"],
+                                                  summary["gradient_accumulation"])
         host = host_samples.read(run_dir)
         tightest = host["at_tightest"]
         timed = read_jsonl(run_dir / "metrics.jsonl")[2:]                        # steps 3-6, as the median speed
         step_share = statistics.median(m["timers_ms"]["step"] / 1e3 / m["step_time_s"] for m in timed)
         found.append(dict(run=name, batch=f"{summary['micro_batch']} x {summary['gradient_accumulation']}",
-                          checkpointed=summary["activation_checkpointing"],
+                          checkpointed=summary["activation_checkpointing"], fewest_checkpointed=fewest["checkpointed"],
                           offloaded=ds_config["zero_optimization"]["offload_optimizer"]["ratio"],
                           tokens_per_s_per_gpu=summary["tokens_per_s_per_gpu"], mfu=summary["mfu"],
                           mfu_causal=summary["mfu_causal"], tokens_per_step=summary["tokens_per_step"],

@@ -7,6 +7,7 @@ offload (4 x 2), plain offload (ZeRO-2, CPU Adam at every step, 8 x 1) and ZenFl
 process (`overlap_step: false`, 8 x 1, every labs fix). Round 19's overlapped ZenFlow is compared over its first 48
 steps, each run's speed as a share of its own round's no offload (the same kind of host, not the same one).
 
+    zenflow_verdict.repeat_gaps()   # how closely round 23's pipeline repeated round 19's, per step
     zenflow_verdict.runs()          # per run: label, losses, share of no offload's tokens/s, late loss and gap
     zenflow_verdict.equal_time()    # per ZenFlow: plain offload's steps in its time, and the loss each reached
     zenflow_verdict.overlap_or_not()  # the two ZenFlows at equal time, and the host each left available
@@ -15,6 +16,7 @@ steps, each run's speed as a share of its own round's no offload (the same kind 
 from __future__ import annotations
 
 from labs import memory
+from labs.metrics import read_jsonl
 from labs.course import host_samples, zenflow_moments_report as zm, zenflow_report as z
 
 ROUND23 = z.FINETUNE / "round23"
@@ -30,6 +32,15 @@ ZENFLOWS = ("ft_zfs48", "ft_zfm64")
 def _mean(values) -> float:
     values = list(values)
     return sum(values) / len(values)
+
+
+def repeat_gaps() -> dict[str, float]:
+    """The largest per-step loss difference between round 23 and round 19: the pre-training (120 steps) and no
+    offload's fine-tune (round 23's 48 steps against round 19's first 48)."""
+    def losses(folder, name):
+        return [m["loss"] for m in read_jsonl(folder / name / "metrics.jsonl")]
+    return {label: max(abs(a - b) for a, b in zip(losses(ROUND23, ours), losses(zm.ROUND19, theirs)))
+            for label, ours, theirs in (("pre-training", "pre", "pre"), ("no offload", "ft_ref48", "ft_ref64"))}
 
 
 def runs() -> dict[str, dict]:
