@@ -3,13 +3,14 @@ memory it needs. Predicted by labs.memory, not run; `labs memory --plan` prints 
 fits, and chapter 10 sizes the 7B on one GPU with it.
 
 For each card, setup and split of the same sequences per optimizer step into micro-batch x accumulation, the fewest
-checkpointed layers (the first k) whose GPU peak fits the card, and the host memory that run needs. The setups:
-plain offload (ZeRO-2, every optimizer state on the host) with PyTorch's pinned allocator, which rounds each buffer up
-to a power of two, and with DeepSpeed's own (`DS_PIN_MEMORY_BACKEND=native`: each at its own size); ZenFlow, with its
-CPU step overlapped in a second process and without (`overlap_step: false`), which runs only N x 1 (it makes the accumulation boundary its update boundary: chapter 10, round 12); and ZeRO-3 with part
-of the optimizer offloaded (`offload_optimizer.ratio`), at the smallest share whose GPU peak fits, so the least host;
-and ZeRO-3 with the parameters offloaded too, the last resort of a small card (each layer's weights cross PCIe at
-every forward and backward).
+checkpointed layers (the first k) whose GPU peak fits the card, and the host memory that run needs. The setups: plain
+offload (ZeRO-2, every optimizer state on the host) with PyTorch's pinned allocator, which rounds each buffer up to a
+power of two, and with DeepSpeed's own (`DS_PIN_MEMORY_BACKEND=native`: each at its own size); ZenFlow, with its CPU
+step overlapped in a second process and without (`overlap_step: false`), which runs only N x 1 (it makes the
+accumulation boundary its update boundary: chapter 10, round 12); and ZeRO-3 with part of the optimizer offloaded
+(`offload_optimizer.ratio`), at the smallest share whose GPU peak fits, so the least host; and ZeRO-3 with the
+parameters offloaded too, the last resort of a small card (each layer's weights cross PCIe at every forward and
+backward).
 labs.memory's host figure models training: ZenFlow's start-up took more in chapter 10's round 19, and no more since labs
 gives each pinned buffer back as soon as it has moved (round 23).
 

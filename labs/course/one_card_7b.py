@@ -23,11 +23,12 @@ FLUSHES = re.compile(r"(\d+) pytorch allocator cache flushes since last step")
 
 def rows() -> list[dict]:
     """Per run: the split, layers checkpointed (and the fewest that fit an H100 by labs.bench.offload_plan), offloaded
-    share, tokens/s per GPU (median of steps 3-6) and MFU (both conventions), the GPU peak (torch.cuda.max_memory_allocated) and PyTorch's reserved peak against labs.memory's
-    prediction, the training rank's host memory at the host's tightest second (private plus shared, which holds the
-    pinned buffers) against labs.memory's host figure, the host's total and least available memory (GiB), the median
-    share of a step (3-6) in DeepSpeed's optimizer step timer (the CPU Adam step and the copies around it), and the
-    allocator cache flushes DeepSpeed reported (a sign that the GPU peak pressed on the cap)."""
+    share, tokens/s per GPU (median of steps 3-6) and MFU (both conventions), the GPU peak
+    (torch.cuda.max_memory_allocated) and PyTorch's reserved peak against labs.memory's prediction, the training
+    rank's host memory at the host's tightest second (private plus shared, which holds the pinned buffers) against
+    labs.memory's host figure, the host's total and least available memory (GiB), the median share of a step (3-6) in
+    DeepSpeed's optimizer step timer (the CPU Adam step and the copies around it), and the allocator cache flushes
+    DeepSpeed reported (a sign that the GPU peak pressed on the cap)."""
     found = []
     for name in RUNS:
         run_dir = FOLDER / name
