@@ -96,7 +96,7 @@ def overlap_or_not() -> dict:
     host = host_samples.read(ROUND23 / "ft_zfs48")
     return dict(overlapped_steps=steps, overlapped_loss=_mean(losses[reached - WINDOW:reached]),
                 sequential_loss=sequential["late_loss"], sequential_available_gib=host["least_available_gib"],
-                sequential_rank_gib=sum(host["at_tightest"].values()),
+                sequential_rank_gib=sum(gib for (role, _), gib in host["at_tightest"].items() if role == "training rank"),
                 sequential_predicted_gib=memory.from_run(ROUND23 / "ft_zfs48").host_per_node_bytes / 2**30,
                 overlapped_available_gib=zm.host_use(ROUND23 / "zf_start")["least_available_running_gib"])
 
