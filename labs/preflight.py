@@ -230,14 +230,17 @@ def check_hardware(nproc: int, on_gpu: bool, seq_len: int, dims: dict, estimate_
     # An offloaded optimizer's host memory, on a GPU host: the kernel's OOM killer ends a rank that runs out of it at
     # the first optimizer step, minutes in. The model is 2% under the one GPU record (results/gpu/zenflow_1xh200/off20b),
     # so more than the host's memory is refused outright.
-    if on_gpu and estimate.host_per_node_bytes > host_memory_bytes():
+    if not on_gpu:
+        return
+    host_bytes = host_memory_bytes()
+    if estimate.host_per_node_bytes > host_bytes:
         raise LabsError(f"labs.memory predicts {estimate.host_per_node_bytes / 2**30:,.1f} GiB of host memory for the "
-                        f"offloaded optimizer of {nproc} rank(s), above the {host_memory_bytes() / 2**30:,.1f} GiB "
+                        f"offloaded optimizer of {nproc} rank(s), above the {host_bytes / 2**30:,.1f} GiB "
                         "this host has (PyTorch pins each buffer at a power of two; DS_PIN_MEMORY_BACKEND=native pins "
                         "it at its size): offload less, use more nodes, or pass --no-memory-check")
-    if on_gpu and estimate.host_per_node_bytes > (1 - HOST_MARGIN) * host_memory_bytes():
+    if estimate.host_per_node_bytes > (1 - HOST_MARGIN) * host_bytes:
         print(f"labs: note: labs.memory predicts {estimate.host_per_node_bytes / 2**30:,.1f} GiB of host memory for the "
-              f"offloaded optimizer, within {HOST_MARGIN:.0%} of the {host_memory_bytes() / 2**30:,.1f} GiB this host has; "
+              f"offloaded optimizer, within {HOST_MARGIN:.0%} of the {host_bytes / 2**30:,.1f} GiB this host has; "
               "recorded runs held a few GiB more than predicted and the system needs its share: watch the host "
               "(tools/host_memory.sh) in the first steps", file=sys.stderr, flush=True)
 

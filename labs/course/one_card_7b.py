@@ -22,7 +22,8 @@ FLUSHES = re.compile(r"(\d+) pytorch allocator cache flushes since last step")
 
 
 def rows() -> list[dict]:
-    """Per run: the split, layers checkpointed (and the fewest that fit an H100 by labs.bench.offload_plan), offloaded
+    """Per run: the split, layers checkpointed (and the fewest that fit the run's --gpu-memory by
+    labs.bench.offload_plan), offloaded
     share, tokens/s per GPU (median of steps 3-6) and MFU (both conventions), the GPU peak
     (torch.cuda.max_memory_allocated) and PyTorch's reserved peak against labs.memory's prediction, the training
     rank's host memory at the host's tightest second (private plus shared, which holds the pinned buffers) against
@@ -35,7 +36,8 @@ def rows() -> list[dict]:
         summary = json.loads((run_dir / "summary.json").read_text())
         ds_config = json.loads((run_dir / "ds_config.json").read_text())
         predicted = memory.from_run(run_dir)
-        fewest = offload_plan.fewest_checkpointed("qwen2.5-7b", ds_config, "H100", summary["micro_batch"],
+        cap = json.loads((run_dir / "run.json").read_text())["gpu_memory_bytes"]          # --gpu-memory H100
+        fewest = offload_plan.fewest_checkpointed(summary["preset"], ds_config, cap, summary["micro_batch"],
                                                   summary["gradient_accumulation"])
         host = host_samples.read(run_dir)
         tightest = host["at_tightest"]

@@ -140,7 +140,8 @@ def host_use(run_dir, moments: str = "labs") -> dict:
     largest private memory (GiB), 8 bytes per parameter per set of moments (GiB), the host's least available memory
     over the whole run and while the optimizer process ran (GiB, with the second of the run), the training rank's
     shared memory at its largest and while the process ran (GiB), and labs.memory's host figure for the node (GiB),
-    which models training, not the start-up, with the parameters it counts."""
+    which models training, not the start-up, with the parameters it counts; and startup_extra_bytes_per_param's
+    figure."""
     host = host_samples.read(run_dir)
     running = [t for t in host["timeline"] if "ZenFlow's optimizer process RssAnon" in t]
     least, least_running = (min(seconds, key=lambda t: t["available_gib"]) for seconds in (host["timeline"], running))
@@ -152,7 +153,8 @@ def host_use(run_dir, moments: str = "labs") -> dict:
                 least_available_running_gib=least_running["available_gib"],
                 rank_shared_gib=host["peaks"][("training rank", "RssShmem")],
                 rank_shared_running_gib=max(t["training rank RssShmem"] for t in running),
-                host_gib=estimate.host_per_node_bytes / 2**30, params=estimate.params)
+                host_gib=estimate.host_per_node_bytes / 2**30, params=estimate.params,
+                extra_bytes_per_param=(least_running["available_gib"] - least["available_gib"]) * 2**30 / estimate.params)
 
 
 def equal_time(name: str = "ft_zfm64", window: int = 8) -> dict:
@@ -195,5 +197,4 @@ def startup_extra_bytes_per_param(run_dir=ROUND19 / "ft_zfm64") -> float:
     use at the tightest second while it trained, per parameter. Both are the same run on the same host, so the system's
     own memory cancels; the optimizer process's moments were not yet allocated at start-up, so this understates the
     start-up's own buffers by them."""
-    found = host_use(run_dir)
-    return (found["least_available_running_gib"] - found["least_available_gib"]) * 2**30 / found["params"]
+    return host_use(run_dir)["extra_bytes_per_param"]

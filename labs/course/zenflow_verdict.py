@@ -104,6 +104,5 @@ def overlap_or_not() -> dict:
 def startup() -> dict[str, dict]:
     """ZenFlow's host, sampled each second, with labs' move then: round 19's ft_zfm64 (the pinned originals given
     back at the end) and round 23's zf_start (each given back as soon as it has moved; 12 steps from the same
-    weights): zenflow_moments_report.host_use, plus the start-up's excess over training per parameter."""
-    return {name: dict(zm.host_use(run_dir), extra_bytes_per_param=zm.startup_extra_bytes_per_param(run_dir))
-            for name, run_dir in (("round 19", zm.ROUND19 / "ft_zfm64"), ("round 23", ROUND23 / "zf_start"))}
+    weights): zenflow_moments_report.host_use, with the start-up's excess over training per parameter."""
+    return {name: zm.host_use(run_dir) for name, run_dir in (("round 19", zm.ROUND19 / "ft_zfm64"), ("round 23", ROUND23 / "zf_start"))}

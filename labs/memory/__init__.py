@@ -16,5 +16,5 @@ from labs.memory.estimate import DTYPE_BYTES, MemoryEstimate, estimate, from_run
 from labs.memory.units import GB, GPUS, GiB, gpu_bytes, parse_bytes, usable_bytes
 
 __all__ = ["activations", "layout", "peak", "OPTIMIZERS", "deepspeed_estimator", "paper_model_states_bytes", "Advice",
-           "advise", "fewest_checkpointed", "slowdown_rules", "DTYPE_BYTES", "MemoryEstimate", "estimate", "from_run", "GB", "GPUS", "GiB",
-           "gpu_bytes", "parse_bytes", "usable_bytes", "host_pinning_of"]
+           "advise", "fewest_checkpointed", "slowdown_rules", "DTYPE_BYTES", "MemoryEstimate", "estimate", "from_run",
+           "GB", "GPUS", "GiB", "gpu_bytes", "parse_bytes", "usable_bytes", "host_pinning_of"]
