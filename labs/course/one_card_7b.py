@@ -1,9 +1,12 @@
-"""Chapter 10's last section, measured: Qwen2.5-7B on one GPU capped at an H100 80GB's memory (round 26,
-results/gpu/one_card_7b_1xh200), ZeRO-3 with 70% of the optimizer offloaded, the one labs.bench.offload_plan setup that
-fits an 80 GB card and the 126 GiB host the runs had, at three splits of the same 8 sequences per optimizer step.
-From random weights, 6 steps each, the host sampled each second (tools/host_memory.sh).
+"""Chapter 10's last section, measured: Qwen2.5-7B on one GPU with an H100 80GB's memory, ZeRO-3 with 70% of the
+optimizer offloaded, the one labs.bench.offload_plan setup that fits an 80 GB card and the 126 GiB host the runs had.
+Round 26 (results/gpu/one_card_7b_1xh200): an H200 capped at an H100's memory (--gpu-memory H100), at three splits of
+the same 8 sequences per optimizer step; rounds 24 and 28 (results/gpu/one_card_7b_1xh100): real H100 80GB cards, no
+cap, 8 x 1 on two hosts and 4 x 2 on the second. From random weights, 6 steps each, the host sampled each second
+(tools/host_memory.sh).
 
-    one_card_7b.rows()    # per split: layers checkpointed, tokens/s, GPU and host memory measured against labs.memory
+    one_card_7b.rows()       # per run: layers checkpointed, tokens/s, GPU and host memory measured against labs.memory
+    one_card_7b.cpu_adam()   # round 28's host: CPU Adam alone, and its share of the 7B's optimizer step there
 """
 from __future__ import annotations
 
@@ -16,34 +19,41 @@ from labs.bench import offload_plan
 from labs.course import host_samples
 from labs.metrics import read_jsonl
 
-FOLDER = RESULTS / "gpu" / "one_card_7b_1xh200"
-RUNS = ("z3off70_7b", "z3off70_7b_4x2", "z3off70_7b_2x4")     # 8 x 1, 4 x 2, 2 x 4
+H200, H100 = RESULTS / "gpu" / "one_card_7b_1xh200", RESULTS / "gpu" / "one_card_7b_1xh100"
+# (card, round, run folder): 8 x 1, 4 x 2 and 2 x 4 on the capped H200; 8 x 1 on an H100 in round 24, then 4 x 2 and
+# 8 x 1 on another H100 host in round 28 (two device calls on one host)
+RUNS = (("H200 capped at an H100", 26, H200 / "z3off70_7b"), ("H200 capped at an H100", 26, H200 / "z3off70_7b_4x2"),
+        ("H200 capped at an H100", 26, H200 / "z3off70_7b_2x4"), ("H100", 24, H100 / "round24" / "z3off70_7b"),
+        ("H100", 28, H100 / "round28" / "z3off70_7b_4x2"), ("H100", 28, H100 / "round28" / "z3off70_7b"))
 FLUSHES = re.compile(r"(\d+) pytorch allocator cache flushes since last step")
 
 
 def rows() -> list[dict]:
-    """Per run: the split, layers checkpointed (and the fewest that fit the run's --gpu-memory by
-    labs.bench.offload_plan), offloaded
+    """Per run: the card, the split, layers checkpointed (and the fewest that fit the run's GPU memory by
+    labs.bench.offload_plan: its --gpu-memory, else the card's memory as nvidia-smi reported it), offloaded
     share, tokens/s per GPU (median of steps 3-6) and MFU (both conventions), the GPU peak
     (torch.cuda.max_memory_allocated) and PyTorch's reserved peak against labs.memory's prediction, the training
     rank's host memory at the host's tightest second (private plus shared, which holds the pinned buffers) against
     labs.memory's host figure, the host's total and least available memory (GiB), the median share of a step (3-6) in
-    DeepSpeed's optimizer step timer (the CPU Adam step and the copies around it), and the allocator cache flushes
+    DeepSpeed's optimizer step timer (the CPU Adam step and the copies around it), the median seconds (steps 3-6) of
+    DeepSpeed's forward, backward and optimizer step timers, and the allocator cache flushes
     DeepSpeed reported (a sign that the GPU peak pressed on the cap)."""
     found = []
-    for name in RUNS:
-        run_dir = FOLDER / name
+    for card, round_, run_dir in RUNS:
         summary = json.loads((run_dir / "summary.json").read_text())
         ds_config = json.loads((run_dir / "ds_config.json").read_text())
         predicted = memory.from_run(run_dir)
-        cap = json.loads((run_dir / "run.json").read_text())["gpu_memory_bytes"]          # --gpu-memory H100
+        cap = json.loads((run_dir / "run.json").read_text())["gpu_memory_bytes"] or card_bytes(run_dir.parent)
         fewest = offload_plan.fewest_checkpointed(summary["preset"], ds_config, cap, summary["micro_batch"],
                                                   summary["gradient_accumulation"])
         host = host_samples.read(run_dir)
         tightest = host["at_tightest"]
         timed = read_jsonl(run_dir / "metrics.jsonl")[2:]                        # steps 3-6, as the median speed
         step_share = statistics.median(m["timers_ms"]["step"] / 1e3 / m["step_time_s"] for m in timed)
-        found.append(dict(run=name, batch=f"{summary['micro_batch']} x {summary['gradient_accumulation']}",
+        seconds = {timer: statistics.median(m["timers_ms"][timer] for m in timed) / 1e3
+                   for timer in ("fwd", "bwd", "step")}
+        found.append(dict(card=card, round=round_, run=run_dir.name,
+                          batch=f"{summary['micro_batch']} x {summary['gradient_accumulation']}",
                           checkpointed=summary["activation_checkpointing"], fewest_checkpointed=fewest["checkpointed"],
                           offloaded=ds_config["zero_optimization"]["offload_optimizer"]["ratio"],
                           tokens_per_s_per_gpu=summary["tokens_per_s_per_gpu"], mfu=summary["mfu"],
@@ -54,6 +64,28 @@ def rows() -> list[dict]:
                           host_gib=tightest[("training rank", "RssAnon")] + tightest[("training rank", "RssShmem")],
                           predicted_host_gib=predicted.host_per_node_bytes / 2**30,
                           host_total_gib=host["total_gib"], least_available_gib=host["least_available_gib"],
-                          step_share=step_share,
+                          step_share=step_share, fwd_s=seconds["fwd"], bwd_s=seconds["bwd"],
+                          optimizer_step_s=seconds["step"],
                           cache_flushes=sum(int(n) for n in FLUSHES.findall((run_dir / "launch.log").read_text()))))
     return found
+
+
+def card_bytes(folder) -> int:
+    """The card's memory as nvidia-smi reported it in the round's gpus.csv (81,559 MiB for an H100 80GB)."""
+    mib = (folder / "gpus.csv").read_text().splitlines()[1].split(",")[2]
+    assert mib.strip().endswith(" MiB"), mib
+    return int(mib.split()[0]) * 2**20
+
+
+def cpu_adam() -> dict:
+    """Round 28's CPU Adam benchmark (labs.course.offload, median of 5 steps over 10^9 fp32 parameters, every core),
+    scaled to the parameters whose optimizer state the 7B run on that host offloaded, against its optimizer step."""
+    folder = H100 / "round28"
+    report = json.loads((folder / "cpu_adam_step.txt").read_text().splitlines()[-1])
+    run = next(r for r in rows() if r["round"] == 28 and r["batch"] == "8 x 1")
+    params = json.loads((folder / "z3off70_7b" / "summary.json").read_text())["params"]
+    offloaded_params = run["offloaded"] * params
+    adam_s = report["median_s"] * offloaded_params / report["numel"]
+    return dict(threads=report["threads"], numel=report["numel"], seconds=report["median_s"], params=params,
+                offloaded_params=offloaded_params, adam_s=adam_s, optimizer_step_s=run["optimizer_step_s"],
+                share=adam_s / run["optimizer_step_s"])

@@ -5,6 +5,7 @@ planner's three candidates at the same 8 x 4,096 tokens per optimizer step, comp
     one_gpu_report.out_of_memory("y")    # a case that failed: what it asked for, against labs.memory then and now
     one_gpu_report.real_card()           # run y on a real H100 (y3, y4) against the capped H200
     one_gpu_report.cap_after_card_cap()  # run y5: labs.card_cap's cap on an H200 against the real H100
+    one_gpu_report.cap_on_real_card()    # runs y6, y6b: the same cap on a real H100, with and without it
 """
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ SETUPS = dict(x=("qwen2.5-3b", None), y=("qwen2.5-3b", "H100"), z=("qwen2.5-7b",
 REAL_CARD = dict(sweep="y3_sweep_3b_1xh100", repeat="y4_repeat_3b_1xh100")
 # Round 23: the three cases of y3 that decided the cap's question, on an H200 under labs.card_cap's H100 cap
 CARD_CAP = "y5_cap_fixed_3b_1xh200"
+# Round 24: y5's three cases on a real H100 under the same cap, then the two that fit without it, the same call
+ON_CARD = dict(capped="y6_cap_on_card_3b_1xh100", uncapped="y6b_no_cap_on_card_3b_1xh100")
 
 
 def best_vs_best() -> list[dict]:
@@ -166,4 +169,27 @@ def cap_after_card_cap() -> list[dict]:
                           plain_cap=plain[case]["status"], tokens_per_s=r["tokens_per_s_per_gpu"] if ok else None,
                           over_real_card=r["tokens_per_s_per_gpu"] / card[case]["tokens_per_s_per_gpu"] if ok else None,
                           peak_gib=r["peak_gib"] if ok else None, **said))
+    return found
+
+
+def cap_on_real_card() -> list[dict]:
+    """Runs y6 and y6b on a real H100, where labs.card_cap's cap is what the card leaves the process and so should
+    not bind: per case whether it fit under the cap, with no cap (y6b, the next minutes; else run y3, the earlier
+    sweep on another H100 host), tokens/s and peaks both ways, and for a case that ran out of memory, the limit the
+    cap set against the card's capacity as torch sees it and what the rank held outside PyTorch."""
+    capped = {r["case"]: r for r in gpu_report.case_rows(ON_CARD["capped"])}
+    uncapped = {**{r["case"]: r for r in gpu_report.case_rows(REAL_CARD["sweep"])},
+                **{r["case"]: r for r in gpu_report.case_rows(ON_CARD["uncapped"])}}
+    found = []
+    for case, r in capped.items():
+        other, ok = uncapped[case], r["status"] == "ok"
+        said = {} if ok else oom_figures(gpu_report.result_file(ON_CARD["capped"])["cases"][case]["error"])
+        found.append(dict(case=case, capped=r["status"], uncapped=other["status"],
+                          uncapped_run="y6b" if case in {x["case"] for x in gpu_report.case_rows(ON_CARD["uncapped"])}
+                          else "y3", tokens_per_s=r["tokens_per_s_per_gpu"] if ok else None,
+                          over_uncapped=r["tokens_per_s_per_gpu"] / other["tokens_per_s_per_gpu"] if ok else None,
+                          uncapped_tokens_per_s=other["tokens_per_s_per_gpu"] if ok else None,
+                          peak_gib=r["peak_gib"] if ok else None, uncapped_peak_gib=other["peak_gib"] if ok else None,
+                          **said, **({} if ok else dict(outside_pytorch=said["in_use"] - said["allocated"]
+                                                        - said["reserved_unused"]))))
     return found

@@ -1,0 +1,100 @@
+"""The GPU runs of 2026-12-06 on real H100s (rounds 24 and 28): labs.card_cap on the card it stands for (runs y6, y6b),
+and the 7B row of chapter 10 on the card (ZeRO-3, 70% of the optimizer offloaded) on two hosts. Each test checks the
+readings against the files and the READMEs' figures against the readings."""
+import json
+
+import pytest
+
+from labs import RESULTS
+from labs.course import one_card_7b, one_gpu_report
+
+
+def test_on_the_card_the_cap_changes_nothing():
+    """On a real H100, card_cap's limit is what the card leaves the process: the case that failed without it (run y3)
+    fails under it with the same figures, at a limit within 0.02 GiB of the card less what the rank held outside
+    PyTorch; the cases that fit, fit both ways with the same peaks and speeds within 2%."""
+    rows = {r["case"]: r for r in one_gpu_report.cap_on_real_card()}
+    failed = [r for r in rows.values() if r["capped"] != "ok"]
+    assert [r["case"] for r in failed] == ["stock-zero2-cknone-mb1-ga8"] and failed[0]["uncapped"] == "failed"
+    f = failed[0]
+    assert f["cap"] == pytest.approx(f["capacity"] - f["outside_pytorch"], abs=0.02)
+    y3 = one_gpu_report.real_card()["failed"][0]
+    assert (f["allocated"], f["requested"], f["reserved_unused"]) == (y3["allocated"], y3["requested"],
+                                                                      y3["reserved_unused"])
+    fit = [r for r in rows.values() if r["capped"] == "ok"]
+    assert len(fit) == 2 and all(r["uncapped"] == "ok" and r["uncapped_run"] == "y6b" for r in fit)
+    for r in fit:
+        assert r["over_uncapped"] == pytest.approx(1, abs=0.02) and r["peak_gib"] == r["uncapped_peak_gib"]
+
+
+def test_the_7b_on_real_h100s_holds_the_capped_h200s_memory_and_runs_at_its_hosts_pace():
+    """Rounds 24 and 28: each split's GPU peak equals the capped H200's to the hundredth of a GiB, and forward plus
+    backward at 8 x 1 agrees within 3% across the three hosts, while the optimizer step (CPU Adam) took at least 40%
+    longer on round 28's host than on round 24's; on round 28's host, 8 x 1 ran faster than 4 x 2, as on the H200."""
+    rows = one_card_7b.rows()
+    capped = {r["batch"]: r for r in rows if r["round"] == 26}
+    real = [r for r in rows if r["card"] == "H100"]
+    assert {r["round"] for r in real} == {24, 28} and {r["offloaded"] for r in real} == {0.7}
+    for r in real:
+        assert r["gpu_gib"] == pytest.approx(capped[r["batch"]]["gpu_gib"], abs=0.01)
+        assert r["gpu_gib"] == pytest.approx(r["predicted_gpu_gib"], rel=0.025)
+        assert r["host_gib"] == pytest.approx(r["predicted_host_gib"], rel=0.05)
+        assert r["fewest_checkpointed"] == capped[r["batch"]]["fewest_checkpointed"]
+    at_8x1 = {r["round"]: r for r in rows if r["batch"] == "8 x 1"}
+    work = [r["fwd_s"] + r["bwd_s"] for r in at_8x1.values()]
+    assert max(work) / min(work) < 1.03
+    assert at_8x1[28]["optimizer_step_s"] / at_8x1[24]["optimizer_step_s"] > 1.4
+    r28 = {r["batch"]: r for r in real if r["round"] == 28}
+    assert r28["8 x 1"]["tokens_per_s_per_gpu"] > r28["4 x 2"]["tokens_per_s_per_gpu"]
+    prose = " ".join((one_card_7b.H100 / "README.md").read_text().split())
+    a, b, c = at_8x1[24], at_8x1[28], r28["4 x 2"]
+    for figure in (f"GPU peaks {a['gpu_gib']:.2f} GiB at 8 x 1 and {c['gpu_gib']:.2f} at 4 x 2",
+                   f"against {a['predicted_gpu_gib']:.2f} and {c['predicted_gpu_gib']:.2f} predicted",
+                   f"held {a['host_gib']:.1f} GiB of host memory", f"against {a['predicted_host_gib']:.1f} predicted",
+                   f"Round 24 ran {a['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU at 8 x 1 ({a['mfu']:.1%} MFU with "
+                   f"full attention, {a['mfu_causal']:.1%} causal)",
+                   f"{b['tokens_per_s_per_gpu']:,.0f} at 8 x 1 and {c['tokens_per_s_per_gpu']:,.0f} at 4 x 2",
+                   f"took {a['fwd_s'] + a['bwd_s']:.2f} s at 8 x 1 in both rounds "
+                   f"({at_8x1[26]['fwd_s'] + at_8x1[26]['bwd_s']:.2f} on the capped H200)",
+                   f"took {a['optimizer_step_s']:.2f} s in round 24 and {b['optimizer_step_s']:.2f} s in round 28 "
+                   f"({at_8x1[26]['optimizer_step_s']:.2f} on the capped H200)"):
+        assert figure in prose, figure
+    assert round(b["fwd_s"] + b["bwd_s"], 2) == round(a["fwd_s"] + a["bwd_s"], 2)
+
+
+def test_round_28_timed_cpu_adam_alone_and_recorded_its_host():
+    """The CPU Adam benchmark ran with the 16 threads the host has, over 10^9 parameters; lscpu is recorded."""
+    folder = one_card_7b.H100 / "round28"
+    report = json.loads((folder / "cpu_adam_step.txt").read_text().splitlines()[-1])
+    assert report["threads"] == int((folder / "nproc.txt").read_text()) == 16 and report["numel"] == 10**9
+    assert "Model name:" in (folder / "cpu.txt").read_text()
+    adam = one_card_7b.cpu_adam()
+    assert adam["share"] < 0.5 and adam["seconds"] == report["median_s"]
+    prose = " ".join((one_card_7b.H100 / "README.md").read_text().split())
+    for figure in (f"took {adam['seconds']:.3f} s per 10^9 parameters",
+                   f"over the {adam['offloaded_params'] / 1e9:.2f} B parameters",
+                   f"(70% of {adam['params'] / 1e9:.2f} B)",
+                   f"about {adam['adam_s']:.2f} s of the step's {adam['optimizer_step_s']:.2f}"):
+        assert figure in prose, figure
+
+def test_results_readme_names_the_new_files():
+    readme = (RESULTS / "README.md").read_text()
+    for path in ("gpu/2026-12-06_y6_cap_on_card_3b_1xh100.json", "gpu/2026-12-06_y6b_no_cap_on_card_3b_1xh100.json",
+                 "gpu/one_card_7b_1xh100/"):
+        assert path in readme and (RESULTS / path).exists(), path
+
+
+def test_readme_quotes_the_real_cards():
+    """The README's figures for the 7B on real H100s and for runs y6 and y6b are the readings'."""
+    readme = " ".join((RESULTS.parent / "README.md").read_text().split())
+    at_8x1 = {r["round"]: r for r in one_card_7b.rows() if r["batch"] == "8 x 1" and r["card"] == "H100"}
+    rows = {r["case"]: r for r in one_gpu_report.cap_on_real_card() if r["capped"] == "ok"}
+    labs, stock = rows["labs-fsdp2-ck27-mb8-ga1"], rows["stock-fsdp2-cknone-mb1-ga8"]
+    speeds = [f"{at_8x1[n]['tokens_per_s_per_gpu']:,.0f}" for n in (24, 28)]
+    for figure in (f"ran {speeds[0]} and {speeds[1]} tokens/s",
+                   f"took the same {at_8x1[24]['fwd_s'] + at_8x1[24]['bwd_s']:.2f} s on both",
+                   f"optimizer step {at_8x1[24]['optimizer_step_s']:.2f} s on one and "
+                   f"{at_8x1[28]['optimizer_step_s']:.2f} s on the other",
+                   f"{labs['tokens_per_s'] / stock['tokens_per_s']:.2f}x under `--gpu-memory H100`, "
+                   f"{labs['uncapped_tokens_per_s'] / stock['uncapped_tokens_per_s']:.2f}x without"):
+        assert figure in readme, figure
