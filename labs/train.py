@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from labs import (checkpoint, cpu_matmul, data, env, fsdp, metrics, models, peers, zenflow_columns, zenflow_host,
-                  zenflow_layout, zenflow_moments)
+from labs import (checkpoint, cpu_matmul, data, env, fsdp, metrics, models, offload_copy, peers, zenflow_columns,
+                  zenflow_host, zenflow_layout, zenflow_moments)
 from labs.card_cap import CardCap
 
 
@@ -157,6 +157,8 @@ def build_engine(spec: dict, ds_config: dict, device: torch.device):
         zenflow_host.install()       # strands pinned host memory, and copies its update back slowly (see there)
         zenflow_columns.install()    # updates its GPU columns in bf16, where a fine-tuning step rounds away (see there)
         zenflow_moments.install()    # feeds its CPU Adam's two sets of moments every other update (see there)
+    if not spec["stock"] and ds_config.get("zero_optimization", {}).get("stage") == 3:
+        offload_copy.install()       # ZeRO-3 offload casts updated weights on the CPU before they cross (see there)
     deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo")
     zero3 = ds_config.get("zero_optimization", {}).get("stage", 0) == 3
     hf_model = models.build(spec["preset"], dtype=models.DTYPES[spec["precision"]], device=device, seed=spec["seed"],

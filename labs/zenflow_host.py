@@ -46,11 +46,11 @@ page-locked partition. Same values: a bf16 value is exact in fp32, wherever it i
 """
 from __future__ import annotations
 
-import hashlib
-import inspect
 import sys
 
 import torch
+
+from labs.offload_copy import copy_in_chunks, copy_to_host_in_chunks, source_sha256
 
 _PATCHED = "_labs_zenflow_host"
 _WAITS = "_labs_zenflow_waits"       # how many updates wait_last_update_and_copy has waited for
@@ -70,39 +70,6 @@ def handed_over(zf_optimizer) -> list[torch.Tensor]:
         if not hasattr(p, "stale_param"):
             p.stale_param = torch.zeros_like(p.data, dtype=p.dtype, device=p.device)
     return [t for p in params for t in (p.data, p.overlap_grad[0].data, p.overlap_grad[1].data, p.stale_param.data)]
-
-
-def copy_in_chunks(dst: torch.Tensor, src: torch.Tensor, chunk_elements: int = 64 * 2**20) -> None:
-    """dst.copy_(src) for a page-locked fp32 host tensor into a bf16 GPU tensor, cast on the GPU: chunk by chunk the
-    fp32 values cross PCIe asynchronously into one staging block (256 MiB at the default) and the GPU casts them into
-    dst. Both run on the current stream, so a chunk lands only after the previous one's cast has read the block. Then
-    it waits: the optimizer process writes src again as soon as the next update is submitted."""
-    assert src.device.type == "cpu" and src.is_contiguous() and dst.is_contiguous(), (src.device, dst.device)
-    assert src.numel() == dst.numel(), f"{src.numel()} fp32 values for {dst.numel()} parameters"
-    _through_staging(dst, src, gpu=dst.device, chunk_elements=chunk_elements)
-
-
-def _through_staging(dst: torch.Tensor, src: torch.Tensor, gpu: torch.device, chunk_elements: int) -> None:
-    """The loop both chunked copies share: one fp32 staging block on `gpu`, each chunk copied from src into it and from
-    it into dst, both on the current stream (so the next chunk waits until the block has been read), the copy that
-    crosses PCIe asynchronous; then wait for the last chunk. On a CPU the same loop runs as plain copies."""
-    flat_src, flat_dst = src.view(-1), dst.view(-1)
-    staging = torch.empty(min(chunk_elements, src.numel()), dtype=torch.float32, device=gpu)
-    for start in range(0, src.numel(), staging.numel()):
-        n = min(staging.numel(), src.numel() - start)
-        staging[:n].copy_(flat_src[start:start + n], non_blocking=True)
-        flat_dst[start:start + n].copy_(staging[:n], non_blocking=True)
-    if gpu.type == "cuda":
-        torch.cuda.current_stream(gpu).synchronize()
-
-
-def copy_to_host_in_chunks(dst: torch.Tensor, src: torch.Tensor, chunk_elements: int = 64 * 2**20) -> None:
-    """dst.copy_(src) for a bf16 tensor on the GPU into an fp32 host tensor, with no full-size temporary anywhere: chunk
-    by chunk the GPU casts into one staging block (256 MiB at the default) whose copy to dst, asynchronous where dst is
-    page-locked, is queued on the same stream, so the next chunk's cast waits for it. Then it waits for the last."""
-    assert dst.device.type == "cpu" and src.is_contiguous() and dst.is_contiguous(), (src.device, dst.device)
-    assert src.numel() == dst.numel(), f"{src.numel()} parameters for {dst.numel()} fp32 values"
-    _through_staging(dst, src, gpu=src.device, chunk_elements=chunk_elements)
 
 
 # DeepSpeed 0.19.8's ZenFlowZeroOptimizer.sync_fp32_param_from_gpu (same file, Apache-2.0) hashes to this.
@@ -165,15 +132,6 @@ def wait_last_update_and_copy(self):
         self._update_model_bit16_weights(i)
     self.timers(ds.OPTIMIZER_UPDATE_MODEL_TIMER).stop()
     self.timers.log(ds.OPTIMIZER_TIMERS)
-
-
-def source_sha256(function) -> str | None:
-    """The first 16 hex digits of the SHA-256 of a function's source: what RESTATED_SHA256 is compared with (None
-    where the source cannot be read, e.g. an install without .py files: then nothing is replaced)."""
-    try:
-        return hashlib.sha256(inspect.getsource(function).encode()).hexdigest()[:16]
-    except (OSError, TypeError):
-        return None
 
 
 def share_and_pin(tensors, register, empty_pinned_cache) -> dict:

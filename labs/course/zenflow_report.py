@@ -27,7 +27,7 @@ ROUND4 = ("off20", "zf_sync20", "zf_fix20")
 # ZenFlow without the overlap, plain offload, and labs without offload at 4 x 2 sequences (the same tokens per step).
 ROUND10 = ("zf_overlap20", "zf_sync20b", "off20b", "ref20")
 # Round 12 (2026-12-03, one host, tools/gpu_round12.jobs): the overlapped run again with labs' copy-back
-# (labs.zenflow_host.copy_in_chunks), labs without offload, and stock's best offload setup of run n (stock HF model and
+# (labs.offload_copy.copy_in_chunks), labs without offload, and stock's best offload setup of run n (stock HF model and
 # loss, ZeRO-2 offload, 4 x 2, no checkpointing); then update_interval 8 (24 steps: whole 8-step cycles) and, 60 steps
 # each, ZenFlow and no offload, to follow the loss further.
 ROUND12 = ("zf_fast20", "ref20r", "stock_off20")
