@@ -174,7 +174,7 @@ def run(stream=True, **kwargs) -> Run:
              "DS_ACCELERATOR": env.get("DS_ACCELERATOR"), "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS"),
              "TORCH_CUDA_ARCH_LIST": env.get("TORCH_CUDA_ARCH_LIST"), "NCCL_NVLS_ENABLE": env.get("NCCL_NVLS_ENABLE"),
              "DS_PIN_MEMORY_BACKEND": env.get("DS_PIN_MEMORY_BACKEND"),       # labs.memory.from_run reads it
-             "LABS_DEEPSPEED_OFFLOAD_COPY": env.get("LABS_DEEPSPEED_OFFLOAD_COPY"),   # labs.offload_copy
+             "LABS_OFFLOAD_COPY": env.get("LABS_OFFLOAD_COPY"),   # labs.offload_copy's opt-in
              "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, indent=1) + "\n")
         for repair in repairs:
             print(f"labs: repaired {repair}", flush=True)

@@ -1,24 +1,24 @@
-"""The offloaded optimizer's copies between host and GPU, cast on the GPU, and the ZeRO-3 step that uses them.
+"""The offloaded optimizer's copies between host and GPU, cast on the GPU, and a ZeRO-3 step that uses them (opt-in,
+not yet measured to pay).
 
 After CPU Adam has updated a sub-group's fp32 master weights in host memory, DeepSpeed 0.19.8's ZeRO-3
 (`_reassign_or_swap_out_partitioned_parameters` in runtime/zero/stage3.py) writes them into the GPU's bf16 partition
-with `bf16.copy_(fp32)`. Across devices and dtypes PyTorch's blocking copy casts on the CPU first (copy_kernel_cuda: it
-spares the GPU a temporary), into a new pageable block that then crosses PCIe. Timed alone on an H100 host over 10^9
-parameters (results/gpu/one_card_7b_1xh100/round29, tools/offload_step_parts.py): 0.375 s, against 0.073 s for the
-same bytes copied fp32 to fp32 from page-locked memory and 0.183 s for CPU Adam's own step. On the 7B with 70% of the
-optimizer offloaded that copy is about 2 s of every step.
+with `bf16.copy_(fp32)`. Across devices and dtypes PyTorch casts on the CPU first (copy_kernel_cuda), then the bf16
+block crosses PCIe. Timed alone on an H100 host over 10^9 parameters (results/gpu/one_card_7b_1xh100/round29,
+tools/offload_step_parts.py), from page-locked fp32: 0.375 s, against 0.073 s for the same fp32 bytes copied without
+the cast and 0.183 s for CPU Adam's own step.
 
-labs restates that method with one change: `copy_in_chunks` sends the fp32 values by DMA from page-locked memory into
-one GPU staging block (256 MiB), and the GPU casts each chunk into the bf16 partition. Same values: the cast rounds the
-same way on either side. The staging block is the only new GPU memory, taken in the optimizer step, when the
-activations are gone. On a CPU (the CI's runs) the same loop runs as plain chunked copies, so the tests exercise it.
+But ZeRO-3 keeps those master weights in pageable memory (stage3.py `_create_fp32_partitions`: `pin_memory` pins the
+gradient buffers only), and from pageable memory the fp32 bytes cross no faster than the cast ones. Round 30 ran the
+7B row of chapter 10 (70% of the optimizer offloaded) with a copy cast on the GPU from the pageable masters: 4,225
+tokens/s against DeepSpeed's 4,373 on the same host, no gain (results/gpu/one_card_7b_1xh100/round30). So with
+`LABS_OFFLOAD_COPY=gpu` labs page-locks each offloaded master in place at its first copy (cudaHostRegister, no new
+memory) and then copies it through `copy_in_chunks`: fp32 chunks by DMA into one GPU staging block (256 MiB), cast by
+the GPU into the partition. Same values: the cast rounds the same way on either side. Not measured on a GPU yet (the
+next round's `tools/gpu_round31.jobs`); until it pays, labs runs DeepSpeed's copy.
 
-`labs train` installs it for labs' own ZeRO-3 runs, not for the stock reference (`--stock`, `labs bench`'s stock
-cases), which stays DeepSpeed as a user runs it; `LABS_DEEPSPEED_OFFLOAD_COPY=1` keeps DeepSpeed's own copy (to
-measure the difference). ZeRO-1/2 offload casts into a page-locked bf16 buffer on the host and copies that
-asynchronously (0.167 s per 10^9 for the cast, measured beside the figures above): left as it is.
-
-The two chunked copies also serve labs.zenflow_host, whose ZenFlow copy-back had the same blocking cast.
+The two chunked copies also serve labs.zenflow_host, whose ZenFlow copy-back had the same blocking cast and whose
+buffers labs page-locks itself.
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ import torch
 # DeepSpeed 0.19.8's DeepSpeedZeroOptimizer_Stage3._reassign_or_swap_out_partitioned_parameters, inside its nvtx
 # wrapper, hashes to this.
 RESTATED_SHA256 = "af7b449bee8786ec"
-KEEP_DEEPSPEED = "LABS_DEEPSPEED_OFFLOAD_COPY"
+OPT_IN = "LABS_OFFLOAD_COPY"        # "gpu": labs' copy; unset: DeepSpeed's
 
 
 def source_sha256(function) -> str | None:
@@ -87,15 +87,19 @@ def _through_staging(dst: torch.Tensor, src: torch.Tensor, gpu: torch.device, ch
         torch.cuda.current_stream(gpu).synchronize()
 
 
-def copy_updated_weights(dst: torch.Tensor, src: torch.Tensor) -> None:
+def copy_updated_weights(dst: torch.Tensor, src: torch.Tensor, register=None) -> None:
     """dst.copy_(src), through copy_in_chunks where src is fp32 master weights in host memory and dst a partition of
-    another dtype (on the GPU, or on a CPU host); any other pair (the sub-groups whose optimizer state stayed on the
-    GPU, or the same dtype on both sides) goes through copy_ as DeepSpeed does."""
-    if src.device.type == "cpu" and src.dtype == torch.float32 and dst.dtype != src.dtype and \
-            src.is_contiguous() and dst.is_contiguous():
-        copy_in_chunks(dst, src)
-    else:
+    another dtype: on a GPU, after page-locking src where it lies with `register(address, bytes)` unless it is
+    page-locked already; on a CPU host (the tests), as plain chunked copies. Any other pair (the sub-groups whose
+    optimizer state stayed on the GPU, or the same dtype on both sides) goes through copy_ as DeepSpeed does."""
+    if not (src.device.type == "cpu" and src.dtype == torch.float32 and dst.dtype != src.dtype and
+            src.is_contiguous() and dst.is_contiguous()):
         dst.copy_(src)
+        return
+    if dst.device.type == "cuda" and not src.is_pinned():
+        storage = src.untyped_storage()
+        register(storage.data_ptr(), storage.nbytes())
+    copy_in_chunks(dst, src)
 
 
 def _reassign_or_swap_out_partitioned_parameters(self, sub_group_id):
@@ -104,7 +108,7 @@ def _reassign_or_swap_out_partitioned_parameters(self, sub_group_id):
         # When torch autocast is enabled, groups in fp16_partitioned_groups are in fp32 already and those in
         # fp32_partitioned_groups are aliases: then the copy copies nothing, as DeepSpeed's does.
         copy_updated_weights(self.fp16_partitioned_groups_flat[sub_group_id].data,          # the change
-                             self.fp32_partitioned_groups_flat[sub_group_id].data)
+                             self.fp32_partitioned_groups_flat[sub_group_id].data, _register_host_memory)
 
         #unflatten fp16 parameter subgroup
         self._unflatten_partitioned_parameters(sub_group_id)
@@ -112,13 +116,18 @@ def _reassign_or_swap_out_partitioned_parameters(self, sub_group_id):
         self._partitioned_params_swap_out(sub_group_id)
 
 
+def _register_host_memory(address: int, num_bytes: int) -> None:
+    from deepspeed.accelerator import get_accelerator
+    get_accelerator().register_host_memory(address, num_bytes)
+
+
 def install() -> bool:
-    """Give ZeRO-3 labs' copy of the updated weights, unless LABS_DEEPSPEED_OFFLOAD_COPY=1 or this DeepSpeed's method is
-    not 0.19.8's (then it stays, with a note). Idempotent; returns whether labs' copy is in place."""
+    """With LABS_OFFLOAD_COPY=gpu, give ZeRO-3 labs' copy of the updated weights, unless this DeepSpeed's method is not
+    0.19.8's (then it stays, with a note). Idempotent; returns whether labs' copy is in place."""
     from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3 as Stage3
 
     name = "_reassign_or_swap_out_partitioned_parameters"
-    if os.environ.get(KEEP_DEEPSPEED) == "1":
+    if os.environ.get(OPT_IN) != "gpu":
         return False
     if getattr(Stage3, name) is _reassign_or_swap_out_partitioned_parameters:
         return True

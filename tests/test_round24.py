@@ -1,6 +1,7 @@
-"""The GPU runs of 2026-12-06 on real H100s (rounds 24 and 28): labs.card_cap on the card it stands for (runs y6, y6b),
-and the 7B row of chapter 10 on the card (ZeRO-3, 70% of the optimizer offloaded) on two hosts. Each test checks the
-readings against the files and the READMEs' figures against the readings."""
+"""The GPU runs of 2026-12-06 on real H100s (rounds 24, 28, 29 and 30): labs.card_cap on the card it stands for (runs
+y6, y6b), the 7B row of chapter 10 on the card (ZeRO-3, 70% of the optimizer offloaded) on two hosts, the parts of its
+optimizer step, and a copy of the updated weights cast on the GPU that did not pay. Each test checks the readings
+against the files and the READMEs' figures against the readings."""
 import json
 
 import pytest
@@ -98,3 +99,30 @@ def test_readme_quotes_the_real_cards():
                    f"{labs['tokens_per_s'] / stock['tokens_per_s']:.2f}x under `--gpu-memory H100`, "
                    f"{labs['uncapped_tokens_per_s'] / stock['uncapped_tokens_per_s']:.2f}x without"):
         assert figure in readme, figure
+
+
+def test_the_step_parts_and_the_copy_that_did_not_pay():
+    """Round 29: the copy of the updated weights, cast on the CPU, is the step's largest part (over CPU Adam) and five
+    times the same bytes copied without the cast; round 30: casting on the GPU from pageable masters gained nothing
+    (within 5% either way), on one host, and the runs recorded which copy each used. The README's figures are these."""
+    parts = one_card_7b.step_parts()
+    per, scaled = parts["per_1e9"], parts["scaled"]
+    assert scaled["copy_to_gpu_bf16"] > scaled["cpu_adam"] > scaled["grad_mul"]
+    assert per["copy_to_gpu_bf16_s"] > 4 * per["copy_to_gpu_fp32_s"]
+    assert parts["labs_over_deepspeed"] == pytest.approx(1, abs=0.05)
+    recorded = {name: json.loads((one_card_7b.H100 / "round30" / name / "environment.json").read_text())
+                for name in ("ds_copy", "labs_copy")}
+    assert recorded["ds_copy"]["LABS_DEEPSPEED_OFFLOAD_COPY"] == "1" and \
+        recorded["labs_copy"]["LABS_DEEPSPEED_OFFLOAD_COPY"] is None
+    prose = " ".join((one_card_7b.H100 / "README.md").read_text().split())
+    ab = parts["round30"]
+    for figure in (f"Per 10^9 parameters: {per['grad_mul_s']:.3f} s for the gradients' unscale-and-clip pass, "
+                   f"{per['cpu_adam_s']:.3f} s for CPU Adam, {per['copy_to_gpu_bf16_s']:.3f} s for the copy",
+                   f"against {per['copy_to_gpu_fp32_s']:.3f} s for the same fp32 bytes",
+                   f"{parts['offloaded_params'] / 1e9:.2f} B offloaded parameters, that copy is about "
+                   f"{scaled['copy_to_gpu_bf16']:.1f} s",
+                   f"{ab['ds_copy']['tokens_per_s']:,.0f} tokens/s with DeepSpeed's copy, "
+                   f"{ab['labs_copy']['tokens_per_s']:,.0f} with labs'",
+                   f"({parts['labs_over_deepspeed']:.2f}x; the median optimizer step "
+                   f"{ab['ds_copy']['optimizer_step_s']:.2f} s against {ab['labs_copy']['optimizer_step_s']:.2f})"):
+        assert figure in prose, figure

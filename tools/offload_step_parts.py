@@ -6,8 +6,12 @@ DeepSpeed 0.19.8's stage3.py runs them for each sub-group whose optimizer state 
     _reassign_or_swap_out... fp16_flat.copy_(fp32_flat)              pinned fp32 on the host -> bf16 on the GPU
 
 plus, for comparison, the same copy without the dtype change (fp32 -> fp32 on the GPU), the cast alone on the host,
-and a gradient norm on the host. Prints one JSON line. Round 28's 7B (results/gpu/one_card_7b_1xh100) spent 4.73 s in
-the optimizer step, of which CPU Adam alone accounts for about 1.34 s: which part is the rest?
+and a gradient norm on the host. Round 29 timed these with the master page-locked; ZeRO-3 keeps its masters in pageable
+memory (`pin_memory` pins the gradient buffers only), so the two copies are also timed from a pageable master
+(`*_pageable_s`, added after round 29), and from a pageable master page-locked in place with cudaHostRegister, as
+labs.offload_copy does under LABS_OFFLOAD_COPY=gpu (`*_registered_s`). Prints one JSON line. Round 28's 7B
+(results/gpu/one_card_7b_1xh100) spent 4.73 s in the optimizer step, of which CPU Adam alone accounts for about 1.34 s:
+which part is the rest?
 
     python3 tools/offload_step_parts.py 1000000000 5
 """
@@ -46,6 +50,15 @@ def main(numel: int, repeats: int) -> dict:
     result["copy_to_gpu_fp32_s"] = timed(lambda: on_gpu_fp32.copy_(master.data), repeats)
     result["cast_on_host_s"] = timed(lambda: master.data.to(torch.bfloat16), repeats)
     result["grad_norm_s"] = timed(lambda: master.grad.norm(2), repeats)
+    pageable = master.data.clone()                         # as stage3.py's _create_fp32_partitions makes it
+    assert not pageable.is_pinned()
+    result["copy_to_gpu_bf16_pageable_s"] = timed(lambda: on_gpu_bf16.copy_(pageable), repeats)
+    result["copy_to_gpu_fp32_pageable_s"] = timed(lambda: on_gpu_fp32.copy_(pageable), repeats)
+    storage = pageable.untyped_storage()
+    start = time.perf_counter()
+    torch.cuda.check_error(int(torch.cuda.cudart().cudaHostRegister(storage.data_ptr(), storage.nbytes(), 0)))
+    result["register_s"] = time.perf_counter() - start
+    result["copy_to_gpu_fp32_registered_s"] = timed(lambda: on_gpu_fp32.copy_(pageable, non_blocking=True), repeats)
     return result
 
 

@@ -7,6 +7,7 @@ cap, 8 x 1 on two hosts and 4 x 2 on the second. From random weights, 6 steps ea
 
     one_card_7b.rows()       # per run: layers checkpointed, tokens/s, GPU and host memory measured against labs.memory
     one_card_7b.cpu_adam()   # round 28's host: CPU Adam alone, and its share of the 7B's optimizer step there
+    one_card_7b.step_parts() # round 29: the step's parts timed one by one; round 30: the copy cast on the GPU, A/B
 """
 from __future__ import annotations
 
@@ -89,3 +90,24 @@ def cpu_adam() -> dict:
     return dict(threads=report["threads"], numel=report["numel"], seconds=report["median_s"], params=params,
                 offloaded_params=offloaded_params, adam_s=adam_s, optimizer_step_s=run["optimizer_step_s"],
                 share=adam_s / run["optimizer_step_s"])
+
+
+def step_parts() -> dict:
+    """Round 29's parts of ZeRO-3's offloaded step (tools/offload_step_parts.py, 10^9 parameters, every core, the
+    master page-locked), each scaled to the 5.33 B parameters the 7B row offloads; and round 30's two runs of that
+    row on one host, DeepSpeed's copy of the updated weights and one cast on the GPU from the pageable masters:
+    tokens/s and the median optimizer step (steps 3-6) of each."""
+    parts = json.loads((H100 / "round29" / "offload_step_parts.txt").read_text().splitlines()[-1])
+    run = next(r for r in rows() if r["round"] == 28 and r["batch"] == "8 x 1")
+    params = json.loads((H100 / "round28" / "z3off70_7b" / "summary.json").read_text())["params"]
+    scale = run["offloaded"] * params / parts["numel"]
+    scaled = {key[:-2]: value * scale for key, value in parts.items() if key.endswith("_s")}
+    ab = {}
+    for name in ("ds_copy", "labs_copy"):
+        run_dir = H100 / "round30" / name
+        summary = json.loads((run_dir / "summary.json").read_text())
+        timed = read_jsonl(run_dir / "metrics.jsonl")[2:]
+        ab[name] = dict(tokens_per_s=summary["tokens_per_s_per_gpu"],
+                        optimizer_step_s=statistics.median(m["timers_ms"]["step"] for m in timed) / 1e3)
+    return dict(per_1e9=parts, offloaded_params=run["offloaded"] * params, scaled=scaled, round30=ab,
+                labs_over_deepspeed=ab["labs_copy"]["tokens_per_s"] / ab["ds_copy"]["tokens_per_s"])
