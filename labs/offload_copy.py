@@ -33,6 +33,7 @@ import torch
 # wrapper, hashes to this.
 RESTATED_SHA256 = "af7b449bee8786ec"
 OPT_IN = "LABS_OFFLOAD_COPY"        # "gpu": labs' copy; unset: DeepSpeed's
+_REGISTERED: set[int] = set()       # addresses of the masters labs has page-locked in place (they live the whole run)
 
 
 def source_sha256(function) -> str | None:
@@ -96,9 +97,10 @@ def copy_updated_weights(dst: torch.Tensor, src: torch.Tensor, register=None) ->
             src.is_contiguous() and dst.is_contiguous()):
         dst.copy_(src)
         return
-    if dst.device.type == "cuda" and not src.is_pinned():
-        storage = src.untyped_storage()
+    storage = src.untyped_storage()
+    if dst.device.type == "cuda" and storage.data_ptr() not in _REGISTERED and not src.is_pinned():
         register(storage.data_ptr(), storage.nbytes())
+        _REGISTERED.add(storage.data_ptr())      # once: registering a range twice is an error in CUDA
     copy_in_chunks(dst, src)
 
 
