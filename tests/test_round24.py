@@ -126,3 +126,7 @@ def test_the_step_parts_and_the_copy_that_did_not_pay():
                    f"({parts['labs_over_deepspeed']:.2f}x; the median optimizer step "
                    f"{ab['ds_copy']['optimizer_step_s']:.2f} s against {ab['labs_copy']['optimizer_step_s']:.2f})"):
         assert figure in prose, figure
+    from labs.metrics import read_jsonl
+    metrics = read_jsonl(one_card_7b.H100 / "round30" / "labs_copy" / "metrics.jsonl")
+    steps = [m["timers_ms"]["step"] / 1e3 for m in metrics]
+    assert f"(its optimizer step {steps[2]:.2f} s at step 3, {steps[5]:.2f} at step 6)" in prose

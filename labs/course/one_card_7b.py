@@ -94,9 +94,11 @@ def cpu_adam() -> dict:
 
 def step_parts() -> dict:
     """Round 29's parts of ZeRO-3's offloaded step (tools/offload_step_parts.py, 10^9 parameters, every core, the
-    master page-locked), each scaled to the 5.33 B parameters the 7B row offloads; and round 30's two runs of that
-    row on one host, DeepSpeed's copy of the updated weights and one cast on the GPU from the pageable masters:
-    tokens/s and the median optimizer step (steps 3-6) of each."""
+    master page-locked), each scaled to the 5.33 B parameters the 7B row offloads, and the sum of the three that
+    stage3.py's loop runs (unscale-and-clip, CPU Adam, the copy back; DeepSpeed takes offloaded gradients' norms on
+    the GPU during backward); CPU Adam alone on that host (labs.course.offload's benchmark); round 30's two runs of
+    that row on one host, DeepSpeed's copy of the updated weights and one cast on the GPU from the pageable masters:
+    tokens/s and the median forward, backward and optimizer step (steps 3-6) of each; lscpu's CPU model per host."""
     parts = json.loads((H100 / "round29" / "offload_step_parts.txt").read_text().splitlines()[-1])
     run = next(r for r in rows() if r["round"] == 28 and r["batch"] == "8 x 1")
     params = json.loads((H100 / "round28" / "z3off70_7b" / "summary.json").read_text())["params"]
@@ -107,7 +109,17 @@ def step_parts() -> dict:
         run_dir = H100 / "round30" / name
         summary = json.loads((run_dir / "summary.json").read_text())
         timed = read_jsonl(run_dir / "metrics.jsonl")[2:]
-        ab[name] = dict(tokens_per_s=summary["tokens_per_s_per_gpu"],
-                        optimizer_step_s=statistics.median(m["timers_ms"]["step"] for m in timed) / 1e3)
-    return dict(per_1e9=parts, offloaded_params=run["offloaded"] * params, scaled=scaled, round30=ab,
+        ab[name] = dict(tokens_per_s=summary["tokens_per_s_per_gpu"], **{
+            f"{timer}_s": statistics.median(m["timers_ms"][timer] for m in timed) / 1e3 for timer in ("fwd", "bwd")},
+            optimizer_step_s=statistics.median(m["timers_ms"]["step"] for m in timed) / 1e3)
+    adam_alone = json.loads((H100 / "round29" / "cpu_adam_step.txt").read_text().splitlines()[-1])["median_s"]
+    cpu_models = {n: _cpu_model(H100 / f"round{n}" / "cpu.txt") for n in (28, 29, 30)}
+    return dict(per_1e9=parts, offloaded_params=run["offloaded"] * params, scaled=scaled,
+                parts_sum_s=sum(scaled[k] for k in ("grad_mul", "cpu_adam", "copy_to_gpu_bf16")),
+                cpu_adam_alone_s=adam_alone, round30=ab, cpu_models=cpu_models,
                 labs_over_deepspeed=ab["labs_copy"]["tokens_per_s"] / ab["ds_copy"]["tokens_per_s"])
+
+
+def _cpu_model(path) -> str:
+    """lscpu's model number: hosts that all report "Intel(R) Xeon(R) Processor" differ there."""
+    return next(line.split(":")[1].strip() for line in path.read_text().splitlines() if line.startswith("Model:"))
