@@ -12,7 +12,7 @@ LAYERS = [
               "labs.data", "labs.metrics", "labs.runfolder", "labs.supervisor", "labs.multinode", "labs.rendezvous",
               "labs.peers",
               "labs.network", "labs.checkpoint", "labs.cpu_matmul", "labs.fsdp", "labs.zenflow_layout", "labs.zenflow_host",
-              "labs.zenflow_columns", "labs.zenflow_moments", "labs.card_cap",
+              "labs.zenflow_columns", "labs.zenflow_moments", "labs.card_cap", "labs.offload_copy",
               "labs.train"]),
     ("memory", ["labs.memory"]),
     # The launcher asks the memory model whether a run can fit before starting any rank: it sits above it.
