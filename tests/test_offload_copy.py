@@ -17,8 +17,8 @@ def test_the_restated_method_is_deepspeeds_but_for_the_copy():
     from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3 as Stage3
     import inspect
     original = Stage3.__dict__["_reassign_or_swap_out_partitioned_parameters"]
-    if original is offload_copy._reassign_or_swap_out_partitioned_parameters:      # installed by an earlier test
-        return
+    ours = offload_copy._reassign_or_swap_out_partitioned_parameters
+    assert original is not ours, "an earlier test left labs' copy installed"
     assert offload_copy.source_sha256(original) == offload_copy.RESTATED_SHA256
 
     def code(function):
