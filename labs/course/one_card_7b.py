@@ -8,6 +8,7 @@ cap, 8 x 1 on two hosts and 4 x 2 on the second. From random weights, 6 steps ea
     one_card_7b.rows()       # per run: layers checkpointed, tokens/s, GPU and host memory measured against labs.memory
     one_card_7b.cpu_adam()   # round 28's host: CPU Adam alone, and its share of the 7B's optimizer step there
     one_card_7b.step_parts() # round 29: the step's parts timed one by one; round 30: the copy cast on the GPU, A/B
+    one_card_7b.table(), one_card_7b.lines()   # chapter 10's cell zf-sizing-measured: the runs, and what they show
 """
 from __future__ import annotations
 
@@ -17,8 +18,9 @@ import statistics
 
 from labs import RESULTS, memory
 from labs.bench import offload_plan
-from labs.course import host_samples
+from labs.course import gpu_report, host_samples, one_gpu_report
 from labs.metrics import read_jsonl
+from labs.table import Table
 
 H200, H100 = RESULTS / "gpu" / "one_card_7b_1xh200", RESULTS / "gpu" / "one_card_7b_1xh100"
 # (card, round, run folder): 8 x 1, 4 x 2 and 2 x 4 on the capped H200; 8 x 1 on an H100 in round 24, then 4 x 2 and
@@ -123,3 +125,65 @@ def step_parts() -> dict:
 def _cpu_model(path) -> str:
     """lscpu's model number: hosts that all report "Intel(R) Xeon(R) Processor" differ there."""
     return next(line.split(":")[1].strip() for line in path.read_text().splitlines() if line.startswith("Model:"))
+
+
+def table(measured: list[dict] | None = None) -> Table:
+    """rows() as chapter 10 shows them."""
+    columns = ["card (round)", "batch", "checkpointed layers", "tokens/s", "MFU (causal)", "GPU peak, predicted (GiB)",
+               "reserved (GiB)", "host, predicted (GiB)", "host left (GiB)", "fwd + bwd (s)", "optimizer step (s)",
+               "cache flushes"]
+    return Table([{"card (round)": f"{r['card']} ({r['round']})", "batch": r["batch"],
+                   "checkpointed layers": f"{r['checkpointed']} (fewest {r['fewest_checkpointed']})",
+                   "tokens/s": f"{r['tokens_per_s_per_gpu']:,.0f}",
+                   "MFU (causal)": f"{r['mfu']:.1%} ({r['mfu_causal']:.1%})",
+                   "GPU peak, predicted (GiB)": f"{r['gpu_gib']:.2f}, {r['predicted_gpu_gib']:.2f}",
+                   "reserved (GiB)": f"{r['reserved_gib']:.1f}",
+                   "host, predicted (GiB)": f"{r['host_gib']:.1f}, {r['predicted_host_gib']:.1f}",
+                   "host left (GiB)": f"{r['least_available_gib']:.1f}",
+                   "fwd + bwd (s)": f"{r['fwd_s'] + r['bwd_s']:.2f}",
+                   "optimizer step (s)": f"{r['optimizer_step_s']:.2f} ({r['step_share']:.0%})",
+                   "cache flushes": r["cache_flushes"]} for r in measured or rows()], columns)
+
+
+def lines(measured: list[dict] | None = None) -> list[str]:
+    """What chapter 10 prints under the table: the capped H200's fastest split, the real H100s at 8 x 1, CPU Adam
+    alone, a third host, the step's parts, the copy cast on the GPU, and two 80 GB cards without offload (run h)."""
+    measured = measured or rows()
+    card = one_gpu_report.real_card()["failed"][0]           # chapter 9's run y3: the card as torch sees it
+    fastest = max((r for r in measured if r["round"] == 26), key=lambda r: r["tokens_per_s_per_gpu"])
+    on_h100 = [r for r in measured if r["card"] == "H100" and r["batch"] == "8 x 1"]
+    adam, parts = cpu_adam(), step_parts()
+    third, scaled = parts["round30"]["ds_copy"], parts["scaled"]
+    round28 = next(r for r in on_h100 if r["round"] == 28)
+    two_cards = next(r for r in gpu_report.recipes() if r["gpus"] == 2 and r["budget"].startswith("80"))
+    run_h = gpu_report.result_file(gpu_report.RUNS["cap"])["cases"][two_cards["labs"]]["summary"]
+    speeds = [r["tokens_per_s_per_gpu"] for r in on_h100]
+    return [
+        f"all with {fastest['offloaded']:.0%} of the optimizer offloaded; round 26, the 7B on one H200 under "
+        f"labs.card_cap's H100 cap (the card's {card['capacity']:.2f} GiB as torch sees it, less what the process "
+        f"holds outside PyTorch), host {fastest['host_total_gib']:.0f} GiB by free -g: fastest at {fastest['batch']}, "
+        f"{fastest['tokens_per_s_per_gpu']:,.0f} tokens/s at {fastest['tokens_per_step']:,} tokens per optimizer step",
+        "real H100s at 8 x 1, no cap: " + "; ".join(
+            f"round {r['round']} {r['tokens_per_s_per_gpu']:,.0f} tokens/s, forward + backward "
+            f"{r['fwd_s'] + r['bwd_s']:.2f} s, optimizer step {r['optimizer_step_s']:.2f} s" for r in on_h100),
+        f"CPU Adam alone on round 28's host, {adam['threads']} threads: {adam['seconds']:.3f} s per {adam['numel']:,} "
+        f"parameters, so about {adam['adam_s']:.2f} s for the {adam['offloaded_params'] / 1e9:.2f} B whose optimizer "
+        f"state is offloaded: {adam['share']:.0%} of that host's {adam['optimizer_step_s']:.2f} s optimizer step",
+        f"a third H100 host (round 30, the same run, DeepSpeed as above): {third['tokens_per_s']:,.0f} tokens/s, "
+        f"forward + backward {third['fwd_s'] + third['bwd_s']:.2f} s, optimizer step "
+        f"{third['optimizer_step_s']:.2f} s; "
+        f"lscpu's CPU model: round 28 {parts['cpu_models'][28]}, round 30 {parts['cpu_models'][30]}; round 30 ran "
+        f"{third['tokens_per_s'] / round28['tokens_per_s_per_gpu']:.2f}x round 28's tokens/s",
+        f"the offloaded step's parts timed one by one on a fourth H100 host (round 29, CPU model "
+        f"{parts['cpu_models'][29]}, the master page-locked), scaled to those {parts['offloaded_params'] / 1e9:.2f} B "
+        f"parameters: copy of the updated weights to the GPU's bf16 partition {scaled['copy_to_gpu_bf16']:.2f} s, "
+        f"CPU Adam {scaled['cpu_adam']:.2f} s, unscale-and-clip {scaled['grad_mul']:.2f} s: "
+        f"{parts['parts_sum_s']:.2f} s together (CPU Adam alone there: {parts['cpu_adam_alone_s']:.3f} s per 10^9)",
+        f"the copy cast on the GPU from ZeRO-3's pageable masters instead (round 30, one run each on one host): "
+        f"{parts['labs_over_deepspeed']:.2f}x DeepSpeed's tokens/s",
+        f"two H200s under the plain 80 GB cap without offload (run {two_cards['run']}: {two_cards['labs']}, "
+        f"8 sequences per GPU per step, {2 * fastest['tokens_per_step']:,} tokens per step across the two): "
+        f"{two_cards['labs_tokens_per_s'] / fastest['tokens_per_s_per_gpu']:.1f}x that per GPU ("
+        f"{two_cards['labs_tokens_per_s'] / max(speeds):.1f}-{two_cards['labs_tokens_per_s'] / min(speeds):.1f}x the "
+        f"real H100s' 8 x 1); its peak {max(run_h['peak_memory_bytes']) / 2**30:.1f} GiB allocated, "
+        f"{max(run_h['peak_reserved_bytes']) / 2**30:.1f} reserved"]
