@@ -239,8 +239,8 @@ def check_hardware(nproc: int, on_gpu: bool, seq_len: int, dims: dict, estimate_
                         "this host has (PyTorch pins each buffer at a power of two; DS_PIN_MEMORY_BACKEND=native pins "
                         "it at its size): offload less, use more nodes, or pass --no-memory-check")
     if estimate.host_per_node_bytes > (1 - HOST_MARGIN) * host_bytes:
-        print(f"labs: note: labs.memory predicts {estimate.host_per_node_bytes / 2**30:,.1f} GiB of host memory for the "
-              f"offloaded optimizer, within {HOST_MARGIN:.0%} of the {host_bytes / 2**30:,.1f} GiB this host has; "
+        print(f"labs: note: labs.memory predicts {estimate.host_per_node_bytes / 2**30:,.1f} GiB of host memory for "
+              f"the offloaded optimizer, within {HOST_MARGIN:.0%} of the {host_bytes / 2**30:,.1f} GiB this host has; "
               "recorded runs held a few GiB more than predicted and the system needs its share: watch the host "
               "(tools/host_memory.sh) in the first steps", file=sys.stderr, flush=True)
 

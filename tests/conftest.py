@@ -16,6 +16,12 @@ def pytest_collection_finish(session):
     gc.freeze()
 
 
+def unquoted(path, figures) -> list[str]:
+    """The figures a text file (a README) does not state, its line breaks and indents read as single spaces."""
+    text = " ".join(Path(path).read_text().split())
+    return [figure for figure in figures if figure not in text]
+
+
 def interruptible(command: list[str]) -> list[str]:
     """`command`, started with SIGINT's default action restored, for a process a test sends SIGINT (Ctrl-C). A shell
     that ignores SIGINT (a non-interactive shell's background job: `cmd &`) passes SIG_IGN on to every child, and

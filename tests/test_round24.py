@@ -6,8 +6,10 @@ import json
 
 import pytest
 
+from conftest import unquoted
 from labs import RESULTS
 from labs.course import one_card_7b, one_gpu_report
+from labs.metrics import read_jsonl
 
 
 def test_on_the_card_the_cap_changes_nothing():
@@ -47,19 +49,19 @@ def test_the_7b_on_real_h100s_holds_the_capped_h200s_memory_and_runs_at_its_host
     assert at_8x1[28]["optimizer_step_s"] / at_8x1[24]["optimizer_step_s"] > 1.4
     r28 = {r["batch"]: r for r in real if r["round"] == 28}
     assert r28["8 x 1"]["tokens_per_s_per_gpu"] > r28["4 x 2"]["tokens_per_s_per_gpu"]
-    prose = " ".join((one_card_7b.H100 / "README.md").read_text().split())
     a, b, c = at_8x1[24], at_8x1[28], r28["4 x 2"]
-    for figure in (f"GPU peaks {a['gpu_gib']:.2f} GiB at 8 x 1 and {c['gpu_gib']:.2f} at 4 x 2",
-                   f"against {a['predicted_gpu_gib']:.2f} and {c['predicted_gpu_gib']:.2f} predicted",
-                   f"held {a['host_gib']:.1f} GiB of host memory", f"against {a['predicted_host_gib']:.1f} predicted",
-                   f"Round 24 ran {a['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU at 8 x 1 ({a['mfu']:.1%} MFU with "
-                   f"full attention, {a['mfu_causal']:.1%} causal)",
-                   f"{b['tokens_per_s_per_gpu']:,.0f} at 8 x 1 and {c['tokens_per_s_per_gpu']:,.0f} at 4 x 2",
-                   f"took {a['fwd_s'] + a['bwd_s']:.2f} s at 8 x 1 in both rounds "
-                   f"({at_8x1[26]['fwd_s'] + at_8x1[26]['bwd_s']:.2f} on the capped H200)",
-                   f"took {a['optimizer_step_s']:.2f} s in round 24 and {b['optimizer_step_s']:.2f} s in round 28 "
-                   f"({at_8x1[26]['optimizer_step_s']:.2f} on the capped H200)"):
-        assert figure in prose, figure
+    figures = (f"GPU peaks {a['gpu_gib']:.2f} GiB at 8 x 1 and {c['gpu_gib']:.2f} at 4 x 2",
+               f"against {a['predicted_gpu_gib']:.2f} and {c['predicted_gpu_gib']:.2f} predicted",
+               f"held {a['host_gib']:.1f} GiB of host memory", f"against {a['predicted_host_gib']:.1f} predicted",
+               f"Round 24 ran {a['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU at 8 x 1 ({a['mfu']:.1%} MFU with "
+               f"full attention, {a['mfu_causal']:.1%} causal)",
+               f"{b['tokens_per_s_per_gpu']:,.0f} at 8 x 1 and {c['tokens_per_s_per_gpu']:,.0f} at 4 x 2",
+               f"took {a['fwd_s'] + a['bwd_s']:.2f} s at 8 x 1 in both rounds "
+               f"({at_8x1[26]['fwd_s'] + at_8x1[26]['bwd_s']:.2f} on the capped H200)",
+               f"took {a['optimizer_step_s']:.2f} s in round 24 and {b['optimizer_step_s']:.2f} s in round 28 "
+               f"({at_8x1[26]['optimizer_step_s']:.2f} on the capped H200)")
+    missing = unquoted(one_card_7b.H100 / "README.md", figures)
+    assert not missing, missing
     assert round(b["fwd_s"] + b["bwd_s"], 2) == round(a["fwd_s"] + a["bwd_s"], 2)
 
 
@@ -71,12 +73,13 @@ def test_round_28_timed_cpu_adam_alone_and_recorded_its_host():
     assert "Model name:" in (folder / "cpu.txt").read_text()
     adam = one_card_7b.cpu_adam()
     assert adam["share"] < 0.5 and adam["seconds"] == report["median_s"]
-    prose = " ".join((one_card_7b.H100 / "README.md").read_text().split())
-    for figure in (f"took {adam['seconds']:.3f} s per 10^9 parameters",
-                   f"over the {adam['offloaded_params'] / 1e9:.2f} B parameters",
-                   f"(70% of {adam['params'] / 1e9:.2f} B)",
-                   f"about {adam['adam_s']:.2f} s of the step's {adam['optimizer_step_s']:.2f}"):
-        assert figure in prose, figure
+    figures = (f"took {adam['seconds']:.3f} s per 10^9 parameters",
+               f"over the {adam['offloaded_params'] / 1e9:.2f} B parameters",
+               f"(70% of {adam['params'] / 1e9:.2f} B)",
+               f"about {adam['adam_s']:.2f} s of the step's {adam['optimizer_step_s']:.2f}")
+    missing = unquoted(one_card_7b.H100 / "README.md", figures)
+    assert not missing, missing
+
 
 def test_results_readme_names_the_new_files():
     readme = (RESULTS / "README.md").read_text()
@@ -87,18 +90,18 @@ def test_results_readme_names_the_new_files():
 
 def test_readme_quotes_the_real_cards():
     """The README's figures for the 7B on real H100s and for runs y6 and y6b are the readings'."""
-    readme = " ".join((RESULTS.parent / "README.md").read_text().split())
     at_8x1 = {r["round"]: r for r in one_card_7b.rows() if r["batch"] == "8 x 1" and r["card"] == "H100"}
     rows = {r["case"]: r for r in one_gpu_report.cap_on_real_card() if r["capped"] == "ok"}
     labs, stock = rows["labs-fsdp2-ck27-mb8-ga1"], rows["stock-fsdp2-cknone-mb1-ga8"]
     speeds = [f"{at_8x1[n]['tokens_per_s_per_gpu']:,.0f}" for n in (24, 28)]
-    for figure in (f"ran {speeds[0]} and {speeds[1]} tokens/s",
-                   f"took the same {at_8x1[24]['fwd_s'] + at_8x1[24]['bwd_s']:.2f} s on both",
-                   f"optimizer step {at_8x1[24]['optimizer_step_s']:.2f} s on one and "
-                   f"{at_8x1[28]['optimizer_step_s']:.2f} s on the other",
-                   f"{labs['tokens_per_s'] / stock['tokens_per_s']:.2f}x under `--gpu-memory H100`, "
-                   f"{labs['uncapped_tokens_per_s'] / stock['uncapped_tokens_per_s']:.2f}x without"):
-        assert figure in readme, figure
+    figures = (f"ran {speeds[0]} and {speeds[1]} tokens/s",
+               f"took the same {at_8x1[24]['fwd_s'] + at_8x1[24]['bwd_s']:.2f} s on both",
+               f"optimizer step {at_8x1[24]['optimizer_step_s']:.2f} s on one and "
+               f"{at_8x1[28]['optimizer_step_s']:.2f} s on the other",
+               f"{labs['tokens_per_s'] / stock['tokens_per_s']:.2f}x under `--gpu-memory H100`, "
+               f"{labs['uncapped_tokens_per_s'] / stock['uncapped_tokens_per_s']:.2f}x without")
+    missing = unquoted(RESULTS.parent / "README.md", figures)
+    assert not missing, missing
 
 
 def test_the_step_parts_and_the_copy_that_did_not_pay():
@@ -114,19 +117,18 @@ def test_the_step_parts_and_the_copy_that_did_not_pay():
                 for name in ("ds_copy", "labs_copy")}
     assert recorded["ds_copy"]["LABS_DEEPSPEED_OFFLOAD_COPY"] == "1" and \
         recorded["labs_copy"]["LABS_DEEPSPEED_OFFLOAD_COPY"] is None
-    prose = " ".join((one_card_7b.H100 / "README.md").read_text().split())
     ab = parts["round30"]
-    for figure in (f"Per 10^9 parameters: {per['grad_mul_s']:.3f} s for the gradients' unscale-and-clip pass, "
-                   f"{per['cpu_adam_s']:.3f} s for CPU Adam, {per['copy_to_gpu_bf16_s']:.3f} s for the copy",
-                   f"against {per['copy_to_gpu_fp32_s']:.3f} s for the same fp32 bytes",
-                   f"{parts['offloaded_params'] / 1e9:.2f} B offloaded parameters, that copy is about "
-                   f"{scaled['copy_to_gpu_bf16']:.1f} s",
-                   f"{ab['ds_copy']['tokens_per_s']:,.0f} tokens/s with DeepSpeed's copy, "
-                   f"{ab['labs_copy']['tokens_per_s']:,.0f} with labs'",
-                   f"({parts['labs_over_deepspeed']:.2f}x; the median optimizer step "
-                   f"{ab['ds_copy']['optimizer_step_s']:.2f} s against {ab['labs_copy']['optimizer_step_s']:.2f})"):
-        assert figure in prose, figure
-    from labs.metrics import read_jsonl
     metrics = read_jsonl(one_card_7b.H100 / "round30" / "labs_copy" / "metrics.jsonl")
     steps = [m["timers_ms"]["step"] / 1e3 for m in metrics]
-    assert f"(its optimizer step {steps[2]:.2f} s at step 3, {steps[5]:.2f} at step 6)" in prose
+    figures = (f"Per 10^9 parameters: {per['grad_mul_s']:.3f} s for the gradients' unscale-and-clip pass, "
+               f"{per['cpu_adam_s']:.3f} s for CPU Adam, {per['copy_to_gpu_bf16_s']:.3f} s for the copy",
+               f"against {per['copy_to_gpu_fp32_s']:.3f} s for the same fp32 bytes",
+               f"{parts['offloaded_params'] / 1e9:.2f} B offloaded parameters, that copy is about "
+               f"{scaled['copy_to_gpu_bf16']:.1f} s",
+               f"{ab['ds_copy']['tokens_per_s']:,.0f} tokens/s with DeepSpeed's copy, "
+               f"{ab['labs_copy']['tokens_per_s']:,.0f} with labs'",
+               f"({parts['labs_over_deepspeed']:.2f}x; the median optimizer step "
+               f"{ab['ds_copy']['optimizer_step_s']:.2f} s against {ab['labs_copy']['optimizer_step_s']:.2f})",
+               f"(its optimizer step {steps[2]:.2f} s at step 3, {steps[5]:.2f} at step 6)")
+    missing = unquoted(one_card_7b.H100 / "README.md", figures)
+    assert not missing, missing

@@ -19,7 +19,8 @@ def read(run_dir: Path, free_txt: Path | None = None) -> dict:
     the run (`peaks`) and the value at the second the host was tightest (`at_tightest`). Peaks of different processes
     need not coincide, and a process's shared pages count in every process that maps them: sum `at_tightest`'s
     private figures and one copy of the shared ones, not the peaks. `timeline`: per second, from the first sample,
-    the available memory and the per-role figures (GiB)."""
+    the available memory and the per-role figures (GiB). `rank_at_tightest_gib`: the training rank's private plus
+    shared memory at that second (its shared pages hold the page-locked buffers)."""
     free_txt = run_dir / "free.txt" if (run_dir / "free.txt").exists() else free_txt
     total_gib = next(float(line.split()[1]) for line in free_txt.read_text().splitlines() if line.startswith("Mem:"))
     roles, avail_kib, per_second = {}, {}, defaultdict(dict)
@@ -42,5 +43,7 @@ def read(run_dir: Path, free_txt: Path | None = None) -> dict:
     timeline = [dict(second=int(s) - start, available_gib=avail_kib[s] / 2**20, **{" ".join(k): v for k, v in
                                                                                   per_second.get(s, {}).items()})
                 for s in sorted(avail_kib, key=int)]
+    at_tightest = per_second.get(tightest, {})
     return dict(total_gib=total_gib, least_available_gib=avail_kib[tightest] / 2**20, peaks=peaks,
-                at_tightest=per_second.get(tightest, {}), timeline=timeline)
+                at_tightest=at_tightest, timeline=timeline,
+                rank_at_tightest_gib=sum(gib for (role, _), gib in at_tightest.items() if role == "training rank"))

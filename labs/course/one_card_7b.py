@@ -50,27 +50,37 @@ def rows() -> list[dict]:
         fewest = offload_plan.fewest_checkpointed(summary["preset"], ds_config, cap, summary["micro_batch"],
                                                   summary["gradient_accumulation"])
         host = host_samples.read(run_dir)
-        tightest = host["at_tightest"]
-        timed = read_jsonl(run_dir / "metrics.jsonl")[2:]                        # steps 3-6, as the median speed
-        step_share = statistics.median(m["timers_ms"]["step"] / 1e3 / m["step_time_s"] for m in timed)
-        seconds = {timer: statistics.median(m["timers_ms"][timer] for m in timed) / 1e3
-                   for timer in ("fwd", "bwd", "step")}
+        seconds = median_timers(run_dir)
         found.append(dict(card=card, round=round_, run=run_dir.name,
                           batch=f"{summary['micro_batch']} x {summary['gradient_accumulation']}",
                           checkpointed=summary["activation_checkpointing"], fewest_checkpointed=fewest["checkpointed"],
-                          offloaded=ds_config["zero_optimization"]["offload_optimizer"]["ratio"],
+                          offloaded=offloaded(ds_config),
                           tokens_per_s_per_gpu=summary["tokens_per_s_per_gpu"], mfu=summary["mfu"],
                           mfu_causal=summary["mfu_causal"], tokens_per_step=summary["tokens_per_step"],
                           gpu_gib=max(summary["peak_memory_bytes"]) / 2**30,
                           reserved_gib=max(summary["peak_reserved_bytes"]) / 2**30,
                           predicted_gpu_gib=predicted.total_per_gpu_bytes / 2**30,
-                          host_gib=tightest[("training rank", "RssAnon")] + tightest[("training rank", "RssShmem")],
+                          host_gib=host["rank_at_tightest_gib"],
                           predicted_host_gib=predicted.host_per_node_bytes / 2**30,
                           host_total_gib=host["total_gib"], least_available_gib=host["least_available_gib"],
-                          step_share=step_share, fwd_s=seconds["fwd"], bwd_s=seconds["bwd"],
+                          step_share=seconds["share"], fwd_s=seconds["fwd"], bwd_s=seconds["bwd"],
                           optimizer_step_s=seconds["step"],
                           cache_flushes=sum(int(n) for n in FLUSHES.findall((run_dir / "launch.log").read_text()))))
     return found
+
+
+def median_timers(run_dir) -> dict[str, float]:
+    """Medians over steps 3-6 (as the median speed) of DeepSpeed's forward, backward and optimizer step timers
+    (seconds) and of the optimizer step's share of the whole step."""
+    timed = read_jsonl(run_dir / "metrics.jsonl")[2:]
+    found = {timer: statistics.median(m["timers_ms"][timer] for m in timed) / 1e3 for timer in ("fwd", "bwd", "step")}
+    found["share"] = statistics.median(m["timers_ms"]["step"] / 1e3 / m["step_time_s"] for m in timed)
+    return found
+
+
+def offloaded(ds_config: dict) -> float:
+    """The share of the optimizer offloaded in a run's resolved config (`offload_optimizer.ratio`)."""
+    return ds_config["zero_optimization"]["offload_optimizer"]["ratio"]
 
 
 def card_bytes(folder) -> int:
@@ -83,15 +93,19 @@ def card_bytes(folder) -> int:
 def cpu_adam() -> dict:
     """Round 28's CPU Adam benchmark (labs.course.offload, median of 5 steps over 10^9 fp32 parameters, every core),
     scaled to the parameters whose optimizer state the 7B run on that host offloaded, against its optimizer step."""
-    folder = H100 / "round28"
-    report = json.loads((folder / "cpu_adam_step.txt").read_text().splitlines()[-1])
-    run = next(r for r in rows() if r["round"] == 28 and r["batch"] == "8 x 1")
-    params = json.loads((folder / "z3off70_7b" / "summary.json").read_text())["params"]
-    offloaded_params = run["offloaded"] * params
+    report = json.loads((H100 / "round28" / "cpu_adam_step.txt").read_text().splitlines()[-1])
+    params, offloaded_params, step_s = _round28_run()
     adam_s = report["median_s"] * offloaded_params / report["numel"]
     return dict(threads=report["threads"], numel=report["numel"], seconds=report["median_s"], params=params,
-                offloaded_params=offloaded_params, adam_s=adam_s, optimizer_step_s=run["optimizer_step_s"],
-                share=adam_s / run["optimizer_step_s"])
+                offloaded_params=offloaded_params, adam_s=adam_s, optimizer_step_s=step_s, share=adam_s / step_s)
+
+
+def _round28_run() -> tuple[int, float, float]:
+    """Round 28's 8 x 1 run: its parameters, those whose optimizer state it offloaded, and its median optimizer step."""
+    run_dir = H100 / "round28" / "z3off70_7b"
+    params = json.loads((run_dir / "summary.json").read_text())["params"]
+    ratio = offloaded(json.loads((run_dir / "ds_config.json").read_text()))
+    return params, ratio * params, median_timers(run_dir)["step"]
 
 
 def step_parts() -> dict:
@@ -102,21 +116,17 @@ def step_parts() -> dict:
     that row on one host, DeepSpeed's copy of the updated weights and one cast on the GPU from the pageable masters:
     tokens/s and the median forward, backward and optimizer step (steps 3-6) of each; lscpu's CPU model per host."""
     parts = json.loads((H100 / "round29" / "offload_step_parts.txt").read_text().splitlines()[-1])
-    run = next(r for r in rows() if r["round"] == 28 and r["batch"] == "8 x 1")
-    params = json.loads((H100 / "round28" / "z3off70_7b" / "summary.json").read_text())["params"]
-    scale = run["offloaded"] * params / parts["numel"]
-    scaled = {key[:-2]: value * scale for key, value in parts.items() if key.endswith("_s")}
+    _, offloaded_params, _ = _round28_run()
+    scaled = {key[:-2]: value * offloaded_params / parts["numel"] for key, value in parts.items() if key.endswith("_s")}
     ab = {}
     for name in ("ds_copy", "labs_copy"):
         run_dir = H100 / "round30" / name
-        summary = json.loads((run_dir / "summary.json").read_text())
-        timed = read_jsonl(run_dir / "metrics.jsonl")[2:]
-        ab[name] = dict(tokens_per_s=summary["tokens_per_s_per_gpu"], **{
-            f"{timer}_s": statistics.median(m["timers_ms"][timer] for m in timed) / 1e3 for timer in ("fwd", "bwd")},
-            optimizer_step_s=statistics.median(m["timers_ms"]["step"] for m in timed) / 1e3)
+        seconds = median_timers(run_dir)
+        ab[name] = dict(tokens_per_s=json.loads((run_dir / "summary.json").read_text())["tokens_per_s_per_gpu"],
+                        fwd_s=seconds["fwd"], bwd_s=seconds["bwd"], optimizer_step_s=seconds["step"])
     adam_alone = json.loads((H100 / "round29" / "cpu_adam_step.txt").read_text().splitlines()[-1])["median_s"]
     cpu_models = {n: _cpu_model(H100 / f"round{n}" / "cpu.txt") for n in (28, 29, 30)}
-    return dict(per_1e9=parts, offloaded_params=run["offloaded"] * params, scaled=scaled,
+    return dict(per_1e9=parts, offloaded_params=offloaded_params, scaled=scaled,
                 parts_sum_s=sum(scaled[k] for k in ("grad_mul", "cpu_adam", "copy_to_gpu_bf16")),
                 cpu_adam_alone_s=adam_alone, round30=ab, cpu_models=cpu_models,
                 labs_over_deepspeed=ab["labs_copy"]["tokens_per_s"] / ab["ds_copy"]["tokens_per_s"])

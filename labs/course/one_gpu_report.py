@@ -69,8 +69,12 @@ OOM_FIGURES = dict(capacity=r"total capacity of ([\d.]+) GiB", in_use=r"process 
 
 
 def oom_figures(error: str) -> dict[str, float]:
-    """Each figure of OOM_FIGURES that an out-of-memory message states."""
-    return {key: float(found.group(1)) for key, pattern in OOM_FIGURES.items() if (found := re.search(pattern, error))}
+    """Each figure of OOM_FIGURES that an out-of-memory message states, and where it states the process's memory in
+    use, PyTorch's allocated and its reserved-but-unused, what the process held outside PyTorch (the CUDA context)."""
+    said = {key: float(found.group(1)) for key, pattern in OOM_FIGURES.items() if (found := re.search(pattern, error))}
+    if {"in_use", "allocated", "reserved_unused"} <= said.keys():
+        said["outside_pytorch"] = said["in_use"] - said["allocated"] - said["reserved_unused"]
+    return said
 
 
 def out_of_memory(run: str) -> list[dict]:
@@ -140,8 +144,7 @@ def real_card() -> dict:
     for r in gpu_report.case_rows(REAL_CARD["sweep"]):
         if r["status"] != "ok":
             said = oom_figures(gpu_report.result_file(REAL_CARD["sweep"])["cases"][r["case"]]["error"])
-            failed.append(dict(case=r["case"], **said,
-                               outside_pytorch=said["in_use"] - said["allocated"] - said["reserved_unused"]))
+            failed.append(dict(case=r["case"], **said))
             continue
         y = capped.get(r["case"])
         cases.append(dict(case=r["case"], h100=r["tokens_per_s_per_gpu"], repeat=again.get(r["case"], {}).get(
@@ -158,9 +161,8 @@ def cap_after_card_cap() -> list[dict]:
     """Run y5 (an H200 under labs.card_cap's H100 cap) case by case against the real H100 (y3) and the plain cap (y2
     where it ran the case, else y): whether it fit each way, tokens/s under the new cap over the real card's, and,
     for a case that ran out of memory under the new cap, what PyTorch held and asked for."""
-    def status(suffix):
-        return {r["case"]: r for r in gpu_report.case_rows(suffix)}
-    new, card, plain = status(CARD_CAP), status(REAL_CARD["sweep"]), {**status(SWEEPS["y"]), **status(CAP_AFTER_FIX)}
+    new, card = _by_case(CARD_CAP), _by_case(REAL_CARD["sweep"])
+    plain = {**_by_case(SWEEPS["y"]), **_by_case(CAP_AFTER_FIX)}
     found = []
     for case, r in new.items():
         ok = r["status"] == "ok"
@@ -177,19 +179,22 @@ def cap_on_real_card() -> list[dict]:
     not bind: per case whether it fit under the cap, with no cap (y6b, the next minutes; else run y3, the earlier
     sweep on another H100 host), tokens/s and peaks both ways, and for a case that ran out of memory, the limit the
     cap set against the card's capacity as torch sees it and what the rank held outside PyTorch."""
-    capped = {r["case"]: r for r in gpu_report.case_rows(ON_CARD["capped"])}
-    uncapped = {**{r["case"]: r for r in gpu_report.case_rows(REAL_CARD["sweep"])},
-                **{r["case"]: r for r in gpu_report.case_rows(ON_CARD["uncapped"])}}
+    capped, after = _by_case(ON_CARD["capped"]), _by_case(ON_CARD["uncapped"])
+    uncapped = {**_by_case(REAL_CARD["sweep"]), **after}
     found = []
     for case, r in capped.items():
         other, ok = uncapped[case], r["status"] == "ok"
         said = {} if ok else oom_figures(gpu_report.result_file(ON_CARD["capped"])["cases"][case]["error"])
         found.append(dict(case=case, capped=r["status"], uncapped=other["status"],
-                          uncapped_run="y6b" if case in {x["case"] for x in gpu_report.case_rows(ON_CARD["uncapped"])}
-                          else "y3", tokens_per_s=r["tokens_per_s_per_gpu"] if ok else None,
+                          uncapped_run="y6b" if case in after else "y3",
+                          tokens_per_s=r["tokens_per_s_per_gpu"] if ok else None,
                           over_uncapped=r["tokens_per_s_per_gpu"] / other["tokens_per_s_per_gpu"] if ok else None,
                           uncapped_tokens_per_s=other["tokens_per_s_per_gpu"] if ok else None,
                           peak_gib=r["peak_gib"] if ok else None, uncapped_peak_gib=other["peak_gib"] if ok else None,
-                          **said, **({} if ok else dict(outside_pytorch=said["in_use"] - said["allocated"]
-                                                        - said["reserved_unused"]))))
+                          **said))
     return found
+
+
+def _by_case(suffix: str) -> dict[str, dict]:
+    """A recorded bench file's rows (labs.course.gpu_report.case_rows), by case."""
+    return {r["case"]: r for r in gpu_report.case_rows(suffix)}

@@ -154,7 +154,8 @@ def host_use(run_dir, moments: str = "labs") -> dict:
                 rank_shared_gib=host["peaks"][("training rank", "RssShmem")],
                 rank_shared_running_gib=max(t["training rank RssShmem"] for t in running),
                 host_gib=estimate.host_per_node_bytes / 2**30, params=estimate.params,
-                extra_bytes_per_param=(least_running["available_gib"] - least["available_gib"]) * 2**30 / estimate.params)
+                extra_bytes_per_param=(least_running["available_gib"] - least["available_gib"]) * 2**30
+                / estimate.params)
 
 
 def equal_time(name: str = "ft_zfm64", window: int = 8) -> dict:

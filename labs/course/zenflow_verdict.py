@@ -96,7 +96,7 @@ def overlap_or_not() -> dict:
     host = host_samples.read(ROUND23 / "ft_zfs48")
     return dict(overlapped_steps=steps, overlapped_loss=_mean(losses[reached - WINDOW:reached]),
                 sequential_loss=sequential["late_loss"], sequential_available_gib=host["least_available_gib"],
-                sequential_rank_gib=sum(gib for (role, _), gib in host["at_tightest"].items() if role == "training rank"),
+                sequential_rank_gib=host["rank_at_tightest_gib"],
                 sequential_predicted_gib=memory.from_run(ROUND23 / "ft_zfs48").host_per_node_bytes / 2**30,
                 overlapped_available_gib=zm.host_use(ROUND23 / "zf_start")["least_available_running_gib"])
 
@@ -105,4 +105,5 @@ def startup() -> dict[str, dict]:
     """ZenFlow's host, sampled each second, with labs' move then: round 19's ft_zfm64 (the pinned originals given
     back at the end) and round 23's zf_start (each given back as soon as it has moved; 12 steps from the same
     weights): zenflow_moments_report.host_use, with the start-up's excess over training per parameter."""
-    return {name: zm.host_use(run_dir) for name, run_dir in (("round 19", zm.ROUND19 / "ft_zfm64"), ("round 23", ROUND23 / "zf_start"))}
+    return {name: zm.host_use(run_dir)
+            for name, run_dir in (("round 19", zm.ROUND19 / "ft_zfm64"), ("round 23", ROUND23 / "zf_start"))}
