@@ -22,7 +22,8 @@ from pathlib import Path
 import torch
 
 from labs import config as config_lib
-from labs import data, models, multinode, peers, preflight, rendezvous, resolve, runcache, runfolder, supervisor
+from labs import (data, models, multinode, offload_copy, peers, preflight, rendezvous, resolve, runcache, runfolder,
+                  supervisor)
 from labs import env as env_lib
 from labs import resume as resume_lib
 from labs.errors import LabsError, RankFailed, RunStopped, check_choice
@@ -83,6 +84,7 @@ def inputs(preset="tiny", config=resolve.DEFAULT_CONFIG, steps=30, out="runs/dem
     if not isinstance(warmup_steps, int) or warmup_steps < 0:
         raise LabsError(f"warmup_steps must be a non-negative integer, not {warmup_steps!r}")
     check_choice("device", device, DEVICES)
+    offload_copy.chosen()                  # LABS_OFFLOAD_COPY, checked before any rank reads it
     if device == "cpu" and nodes is not None:
         raise LabsError("device 'cpu' runs on this host alone; drop it or the nodes")
     if device == "cuda" and not torch.cuda.is_available():
@@ -174,7 +176,9 @@ def run(stream=True, **kwargs) -> Run:
              "DS_ACCELERATOR": env.get("DS_ACCELERATOR"), "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS"),
              "TORCH_CUDA_ARCH_LIST": env.get("TORCH_CUDA_ARCH_LIST"), "NCCL_NVLS_ENABLE": env.get("NCCL_NVLS_ENABLE"),
              "DS_PIN_MEMORY_BACKEND": env.get("DS_PIN_MEMORY_BACKEND"),       # labs.memory.from_run reads it
-             "LABS_OFFLOAD_COPY": env.get("LABS_OFFLOAD_COPY"),   # labs.offload_copy's opt-in
+             "LABS_OFFLOAD_COPY": env.get("LABS_OFFLOAD_COPY"),
+             # the copy of updated weights a ZeRO-3 offload run made (labs.offload_copy), None where none is made
+             "offload_copy": offload_copy.chosen(env) if offload_copy.applies(resolved, spec["stock"]) else None,
              "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, indent=1) + "\n")
         for repair in repairs:
             print(f"labs: repaired {repair}", flush=True)

@@ -1,21 +1,21 @@
-"""The offloaded optimizer's copies between host and GPU, cast on the GPU, and a ZeRO-3 step that uses them (opt-in,
-not yet measured to pay).
+"""The offloaded optimizer's copies between host and GPU, cast on the GPU, and the ZeRO-3 step that uses them (labs'
+default for ZeRO-3 with the optimizer offloaded; LABS_OFFLOAD_COPY=deepspeed keeps DeepSpeed's copy).
 
 After CPU Adam has updated a sub-group's fp32 master weights in host memory, DeepSpeed 0.19.8's ZeRO-3
 (`_reassign_or_swap_out_partitioned_parameters` in runtime/zero/stage3.py) writes them into the GPU's bf16 partition
 with `bf16.copy_(fp32)`. Across devices and dtypes PyTorch casts on the CPU first (copy_kernel_cuda), then the bf16
-block crosses PCIe. Timed alone on an H100 host over 10^9 parameters (results/gpu/one_card_7b_1xh100/round29,
-tools/offload_step_parts.py), from page-locked fp32: 0.375 s, against 0.073 s for the same fp32 bytes copied without
-the cast and 0.183 s for CPU Adam's own step.
+block crosses PCIe. Timed alone on an H100 host over 10^9 parameters (results/gpu/one_card_7b_1xh100/round29 and
+round31, tools/offload_step_parts.py), from page-locked fp32: 0.35-0.375 s, against 0.073 s for the same fp32 bytes
+copied without the cast and 0.16-0.18 s for CPU Adam's own step.
 
 But ZeRO-3 keeps those master weights in pageable memory (stage3.py `_create_fp32_partitions`: `pin_memory` pins the
-gradient buffers only), and from pageable memory the fp32 bytes cross no faster than the cast ones. Round 30 ran the
-7B row of chapter 10 (70% of the optimizer offloaded) with a copy cast on the GPU from the pageable masters: 4,225
-tokens/s against DeepSpeed's 4,373 on the same host, no gain (results/gpu/one_card_7b_1xh100/round30). So with
-`LABS_OFFLOAD_COPY=gpu` labs page-locks each offloaded master in place at its first copy (cudaHostRegister, no new
-memory) and then copies it through `copy_in_chunks`: fp32 chunks by DMA into one GPU staging block (256 MiB), cast by
-the GPU into the partition. Same values: the cast rounds the same way on either side. Not measured on a GPU yet (the
-next round's `tools/gpu_round31.jobs`); until it pays, labs runs DeepSpeed's copy.
+gradient buffers only), and from pageable memory the fp32 bytes cross no faster than the cast ones (0.39 s, round 31).
+So labs page-locks each offloaded master in place at its first copy (cudaHostRegister: no new memory, 0.15 s per 10^9
+parameters, once) and then copies it through `copy_in_chunks`: fp32 chunks by DMA into one GPU staging block
+(256 MiB), cast by the GPU into the partition (0.072 s per 10^9). Same values: the cast rounds the same way on either
+side. On the 7B row of chapter 10 (70% of the optimizer offloaded, one H100) DeepSpeed's optimizer step fell from
+3.2-3.4 s to 1.6-1.9 s and the run went from 4,800-4,931 tokens/s to 6,175-6,436 on two hosts (rounds 31 and 32).
+Without the page-locking it gained nothing (round 30: 0.97x).
 
 The two chunked copies also serve labs.zenflow_host, whose ZenFlow copy-back had the same blocking cast and whose
 buffers labs page-locks itself.
@@ -29,11 +29,26 @@ import sys
 
 import torch
 
+from labs.errors import check_choice
+
 # DeepSpeed 0.19.8's DeepSpeedZeroOptimizer_Stage3._reassign_or_swap_out_partitioned_parameters, inside its nvtx
 # wrapper, hashes to this.
 RESTATED_SHA256 = "af7b449bee8786ec"
-OPT_IN = "LABS_OFFLOAD_COPY"        # "gpu": labs' copy; unset: DeepSpeed's
+CHOICE = "LABS_OFFLOAD_COPY"        # which copy a ZeRO-3 offload run of labs makes
+CHOICES = ("gpu", "deepspeed")      # labs' (the default), DeepSpeed's
 _REGISTERED: set[int] = set()       # addresses of the masters labs has page-locked in place (they live the whole run)
+_UNREGISTRABLE: set[int] = set()    # addresses CUDA refused to page-lock: those keep DeepSpeed's copy_
+
+
+def chosen(environ=None) -> str:
+    """The copy LABS_OFFLOAD_COPY names ("gpu" where unset); any other value is bad input (LabsError)."""
+    return check_choice(CHOICE, (os.environ if environ is None else environ).get(CHOICE) or "gpu", CHOICES)
+
+
+def applies(ds_config: dict, stock: bool) -> bool:
+    """Whether a run makes this copy at all: labs' (not the stock reference) ZeRO-3 with the optimizer on the CPU."""
+    zero = ds_config.get("zero_optimization") or {}
+    return not stock and zero.get("stage") == 3 and (zero.get("offload_optimizer") or {}).get("device") == "cpu"
 
 
 def source_sha256(function) -> str | None:
@@ -98,9 +113,21 @@ def copy_updated_weights(dst: torch.Tensor, src: torch.Tensor, register=None) ->
         dst.copy_(src)
         return
     storage = src.untyped_storage()
-    if dst.device.type == "cuda" and storage.data_ptr() not in _REGISTERED and not src.is_pinned():
-        register(storage.data_ptr(), storage.nbytes())
-        _REGISTERED.add(storage.data_ptr())      # once: registering a range twice is an error in CUDA
+    address = storage.data_ptr()
+    if dst.device.type == "cuda" and address not in _REGISTERED and not src.is_pinned():
+        if address in _UNREGISTRABLE:
+            dst.copy_(src)
+            return
+        try:
+            register(address, storage.nbytes())
+        except RuntimeError as error:            # e.g. a locked-memory limit: copy as DeepSpeed does, and say so once
+            if not _UNREGISTRABLE:
+                print(f"labs: could not page-lock an offloaded master ({error}); its updated weights are copied as "
+                      "DeepSpeed copies them (slower)", file=sys.stderr, flush=True)
+            _UNREGISTRABLE.add(address)
+            dst.copy_(src)
+            return
+        _REGISTERED.add(address)                 # once: registering a range twice is an error in CUDA
     copy_in_chunks(dst, src)
 
 
@@ -124,12 +151,12 @@ def _register_host_memory(address: int, num_bytes: int) -> None:
 
 
 def install() -> bool:
-    """With LABS_OFFLOAD_COPY=gpu, give ZeRO-3 labs' copy of the updated weights, unless this DeepSpeed's method is not
-    0.19.8's (then it stays, with a note). Idempotent; returns whether labs' copy is in place."""
+    """Give ZeRO-3 labs' copy of the updated weights (unless LABS_OFFLOAD_COPY=deepspeed, or this DeepSpeed's method is
+    not 0.19.8's: then DeepSpeed's stays, with a note). Idempotent; returns whether labs' copy is in place."""
     from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3 as Stage3
 
     name = "_reassign_or_swap_out_partitioned_parameters"
-    if os.environ.get(OPT_IN) != "gpu":
+    if chosen() != "gpu":
         return False
     if getattr(Stage3, name) is _reassign_or_swap_out_partitioned_parameters:
         return True

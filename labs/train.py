@@ -157,8 +157,8 @@ def build_engine(spec: dict, ds_config: dict, device: torch.device):
         zenflow_host.install()       # strands pinned host memory, and copies its update back slowly (see there)
         zenflow_columns.install()    # updates its GPU columns in bf16, where a fine-tuning step rounds away (see there)
         zenflow_moments.install()    # feeds its CPU Adam's two sets of moments every other update (see there)
-    if not spec["stock"] and ds_config.get("zero_optimization", {}).get("stage") == 3:
-        offload_copy.install()       # with LABS_OFFLOAD_COPY=gpu: updated weights cast on the GPU (see there)
+    if offload_copy.applies(ds_config, spec["stock"]):
+        offload_copy.install()       # updated weights cast on the GPU from page-locked masters (see there)
     deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo")
     zero3 = ds_config.get("zero_optimization", {}).get("stage", 0) == 3
     hf_model = models.build(spec["preset"], dtype=models.DTYPES[spec["precision"]], device=device, seed=spec["seed"],

@@ -1,13 +1,16 @@
-"""labs.offload_copy: ZeRO-3 offload's copy of the updated weights, cast on the GPU instead of the CPU (opt-in with
-LABS_OFFLOAD_COPY=gpu). The same values as DeepSpeed's copy, in the restated method and in a real run."""
+"""labs.offload_copy: ZeRO-3 offload's copy of the updated weights, cast on the GPU instead of the CPU (labs' default;
+LABS_OFFLOAD_COPY=deepspeed keeps DeepSpeed's). The same values as DeepSpeed's copy, in the restated method and in a
+real run."""
 import json
 import os
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from conftest import ROOT, run_labs
 from labs import offload_copy
+from labs.errors import LabsError
 
 
 def test_the_restated_method_is_deepspeeds_but_for_the_copy():
@@ -64,31 +67,71 @@ def test_masters_are_page_locked_once_and_only_for_a_gpu(monkeypatch):
     assert registered == [(src.untyped_storage().data_ptr(), 4000)]
 
 
-def test_install_replaces_the_method_only_when_asked(monkeypatch):
+def test_a_master_cuda_refuses_to_page_lock_is_copied_as_deepspeed_copies_it(monkeypatch, capsys):
+    """A register that fails (a locked-memory limit, say) leaves that master on DeepSpeed's copy_, with one note, and
+    is not tried again."""
+    tried, copied = [], []
+
+    def refuse(*args):
+        tried.append(args)
+        raise RuntimeError("CUDA error: out of memory")
+    src = torch.randn(1000)
+    gpu_like = SimpleNamespace(device=SimpleNamespace(type="cuda"), dtype=torch.bfloat16, is_contiguous=lambda: True,
+                               copy_=copied.append)
+    monkeypatch.setattr(offload_copy, "_UNREGISTRABLE", set())
+    monkeypatch.setattr(offload_copy, "copy_in_chunks", lambda dst, source: copied.append("chunks"))
+    for _ in range(2):
+        offload_copy.copy_updated_weights(gpu_like, src, register=refuse)
+    assert len(tried) == 1 and copied == [src, src]
+    assert capsys.readouterr().err.count("could not page-lock") == 1
+
+
+def test_the_choice_defaults_to_labs_copy_and_refuses_other_values():
+    assert offload_copy.chosen({}) == "gpu" and offload_copy.chosen({offload_copy.CHOICE: ""}) == "gpu"
+    assert offload_copy.chosen({offload_copy.CHOICE: "deepspeed"}) == "deepspeed"
+    with pytest.raises(LabsError, match="LABS_OFFLOAD_COPY 'cpu'; choose one of: gpu, deepspeed"):
+        offload_copy.chosen({offload_copy.CHOICE: "cpu"})
+    zero3_offload = {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}}
+    assert offload_copy.applies(zero3_offload, stock=False) and not offload_copy.applies(zero3_offload, stock=True)
+    assert not offload_copy.applies({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}, False)
+    assert not offload_copy.applies({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme"}}}, False)
+    assert not offload_copy.applies({"zero_optimization": {"stage": 3}}, False)
+
+
+def test_install_replaces_the_method_unless_told_not_to(monkeypatch):
     from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3 as Stage3
     name = "_reassign_or_swap_out_partitioned_parameters"
     monkeypatch.setattr(Stage3, name, Stage3.__dict__[name])          # restored after the test
-    monkeypatch.delenv(offload_copy.OPT_IN, raising=False)
+    monkeypatch.setenv(offload_copy.CHOICE, "deepspeed")
     assert offload_copy.install() is False and getattr(Stage3, name) is not \
         offload_copy._reassign_or_swap_out_partitioned_parameters
-    monkeypatch.setenv(offload_copy.OPT_IN, "gpu")
+    monkeypatch.delenv(offload_copy.CHOICE)
     assert offload_copy.install() is True and offload_copy.install() is True
     assert getattr(Stage3, name) is offload_copy._reassign_or_swap_out_partitioned_parameters
 
 
+def test_a_bad_choice_stops_the_run_before_any_rank(tmp_path, monkeypatch):
+    monkeypatch.setenv(offload_copy.CHOICE, "fast")
+    result = run_labs("train", "--preset", "tiny", "--config", ROOT / "ds_configs/zero3_offload_optimizer.json",
+                      "--steps", 2, "--out", tmp_path / "run", timeout=120)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "unknown LABS_OFFLOAD_COPY 'fast'; choose one of: gpu, deepspeed" in result.stderr
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_zero3_offload_run_trains_the_same_with_either_copy(tmp_path, monkeypatch):
-    """The tiny model under ZeRO-3 with the optimizer offloaded, 1 rank, 4 steps: labs' copy and DeepSpeed's give the
-    same loss at every step, to the bit, and the run folder records which one ran."""
+    """The tiny model under ZeRO-3 with the optimizer offloaded, 1 rank, 4 steps: labs' copy (the default) and
+    DeepSpeed's give the same loss at every step, to the bit, and the run folder records which one ran."""
     losses = {}
-    for name, opt_in in (("labs", "gpu"), ("deepspeed", None)):
-        monkeypatch.delenv(offload_copy.OPT_IN, raising=False)
-        if opt_in:
-            monkeypatch.setenv(offload_copy.OPT_IN, opt_in)
+    for name, choice in (("labs", None), ("deepspeed", "deepspeed")):
+        monkeypatch.delenv(offload_copy.CHOICE, raising=False)
+        if choice:
+            monkeypatch.setenv(offload_copy.CHOICE, choice)
         result = run_labs("train", "--preset", "tiny", "--config", ROOT / "ds_configs/zero3_offload_optimizer.json",
                           "--nproc", 1, "--steps", 4, "--lr", 1e-3, "--out", tmp_path / name, "--quiet", timeout=300)
         assert result.returncode == 0, result.stderr[-3000:]
         recorded = json.loads((tmp_path / name / "environment.json").read_text())
-        assert recorded[offload_copy.OPT_IN] == opt_in
+        assert recorded[offload_copy.CHOICE] == choice and recorded["offload_copy"] == (choice or "gpu")
         metrics = (tmp_path / name / "metrics.jsonl").read_text().splitlines()
         losses[name] = [json.loads(line)["loss"] for line in metrics]
     assert losses["labs"] == losses["deepspeed"] and losses["labs"][-1] < losses["labs"][0], losses
