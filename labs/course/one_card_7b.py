@@ -14,15 +14,13 @@ from __future__ import annotations
 
 import json
 import re
-import statistics
 
-from labs import RESULTS, memory
+from labs import memory
 from labs.bench import offload_plan
 from labs.course import gpu_report, host_samples, one_gpu_report
-from labs.metrics import read_jsonl
+from labs.course.one_card_runs import H100, H200, card_bytes, cpu_model, median_timers, offloaded
 from labs.table import Table
 
-H200, H100 = RESULTS / "gpu" / "one_card_7b_1xh200", RESULTS / "gpu" / "one_card_7b_1xh100"
 # (card, round, run folder): 8 x 1, 4 x 2 and 2 x 4 on the capped H200; 8 x 1 on an H100 in round 24, then 4 x 2 and
 # 8 x 1 on another H100 host in round 28 (two device calls on one host)
 RUNS = (("H200 capped at an H100", 26, H200 / "z3off70_7b"), ("H200 capped at an H100", 26, H200 / "z3off70_7b_4x2"),
@@ -69,25 +67,7 @@ def rows() -> list[dict]:
     return found
 
 
-def median_timers(run_dir) -> dict[str, float]:
-    """Medians over steps 3-6 (as the median speed) of DeepSpeed's forward, backward and optimizer step timers
-    (seconds) and of the optimizer step's share of the whole step."""
-    timed = read_jsonl(run_dir / "metrics.jsonl")[2:]
-    found = {timer: statistics.median(m["timers_ms"][timer] for m in timed) / 1e3 for timer in ("fwd", "bwd", "step")}
-    found["share"] = statistics.median(m["timers_ms"]["step"] / 1e3 / m["step_time_s"] for m in timed)
-    return found
 
-
-def offloaded(ds_config: dict) -> float:
-    """The share of the optimizer offloaded in a run's resolved config (`offload_optimizer.ratio`)."""
-    return ds_config["zero_optimization"]["offload_optimizer"]["ratio"]
-
-
-def card_bytes(folder) -> int:
-    """The card's memory as nvidia-smi reported it in the round's gpus.csv (81,559 MiB for an H100 80GB)."""
-    mib = (folder / "gpus.csv").read_text().splitlines()[1].split(",")[2]
-    assert mib.strip().endswith(" MiB"), mib
-    return int(mib.split()[0]) * 2**20
 
 
 def cpu_adam() -> dict:
@@ -125,16 +105,12 @@ def step_parts() -> dict:
         ab[name] = dict(tokens_per_s=json.loads((run_dir / "summary.json").read_text())["tokens_per_s_per_gpu"],
                         fwd_s=seconds["fwd"], bwd_s=seconds["bwd"], optimizer_step_s=seconds["step"])
     adam_alone = json.loads((H100 / "round29" / "cpu_adam_step.txt").read_text().splitlines()[-1])["median_s"]
-    cpu_models = {n: _cpu_model(H100 / f"round{n}" / "cpu.txt") for n in (28, 29, 30)}
+    cpu_models = {n: cpu_model(H100 / f"round{n}" / "cpu.txt") for n in (28, 29, 30)}
     return dict(per_1e9=parts, offloaded_params=offloaded_params, scaled=scaled,
                 parts_sum_s=sum(scaled[k] for k in ("grad_mul", "cpu_adam", "copy_to_gpu_bf16")),
                 cpu_adam_alone_s=adam_alone, round30=ab, cpu_models=cpu_models,
                 labs_over_deepspeed=ab["labs_copy"]["tokens_per_s"] / ab["ds_copy"]["tokens_per_s"])
 
-
-def _cpu_model(path) -> str:
-    """lscpu's model number: hosts that all report "Intel(R) Xeon(R) Processor" differ there."""
-    return next(line.split(":")[1].strip() for line in path.read_text().splitlines() if line.startswith("Model:"))
 
 
 def table(measured: list[dict] | None = None) -> Table:
@@ -188,7 +164,8 @@ def lines(measured: list[dict] | None = None) -> list[str]:
         f"{parts['cpu_models'][29]}, the master page-locked), scaled to those {parts['offloaded_params'] / 1e9:.2f} B "
         f"parameters: copy of the updated weights to the GPU's bf16 partition {scaled['copy_to_gpu_bf16']:.2f} s, "
         f"CPU Adam {scaled['cpu_adam']:.2f} s, unscale-and-clip {scaled['grad_mul']:.2f} s: "
-        f"{parts['parts_sum_s']:.2f} s together (CPU Adam alone there: {parts['cpu_adam_alone_s']:.3f} s per 10^9)",
+        f"{parts['parts_sum_s']:.2f} s together (CPU Adam alone there: {parts['cpu_adam_alone_s']:.3f} s per 10^9); "
+        f"the same fp32 bytes copied uncast from page-locked memory: {scaled['copy_to_gpu_fp32']:.2f} s",
         f"the copy cast on the GPU from ZeRO-3's pageable masters instead (round 30, one run each on one host): "
         f"{parts['labs_over_deepspeed']:.2f}x DeepSpeed's tokens/s",
         f"two H200s under the plain 80 GB cap without offload (run {two_cards['run']}: {two_cards['labs']}, "

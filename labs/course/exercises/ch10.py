@@ -3,7 +3,7 @@ expected answer is labs' formula, DeepSpeed's own CPU Adam op, or the recorded G
 and the tolerance is what the reasoning can be expected to reach."""
 from labs import models
 from labs.bench import offload_plan
-from labs.course import zenflow_moments_report, zenflow_report
+from labs.course import one_card_7b, zenflow_moments_report, zenflow_report
 from labs.course.exercises.registry import exercise
 
 QWEN = models.shape("qwen2.5-7b")
@@ -56,3 +56,16 @@ def _native_pinning_split_host_7b():
     found = offload_plan.fewest_checkpointed("qwen2.5-7b", offload_plan.setup_config("bench/labs_zero2_offload.json"),
                                              "H100", micro_batch=4, grad_accum=2, host_pinning="exact")
     return found["host_gib"]
+
+
+@exercise("10.5", "labs' copy of the updated weights (next section) page-locks each of ZeRO-3's fp32 masters once and "
+          "copies the fp32 bytes to the GPU, which casts them there. From round 29's parts printed above (the copy "
+          "DeepSpeed makes, cast on the CPU, and the same fp32 bytes copied uncast from page-locked memory, both "
+          "scaled to the 7B row's offloaded parameters), by how many seconds should it shorten the 7B row's "
+          "optimizer step?", "s", rel=0.05,
+          hint="the copy still happens: what goes is the difference between DeepSpeed's cast copy and the uncast "
+               "copy from page-locked memory, not the whole cast copy; the page-locking itself happens once, at the "
+               "first step")
+def _copy_saving_7b():
+    scaled = one_card_7b.step_parts()["scaled"]
+    return scaled["copy_to_gpu_bf16"] - scaled["copy_to_gpu_fp32"]

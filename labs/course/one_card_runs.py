@@ -1,0 +1,37 @@
+"""Where the one-card 7B rounds' run folders are, and the readings every report of them shares: DeepSpeed's timers,
+the offloaded share, the card's memory, the host's CPU model. Read by labs.course.one_card_7b (chapter 10's 7B row)
+and labs.course.offload_copy_report (labs' copy of the updated weights, stock's best offload setups)."""
+from __future__ import annotations
+
+import statistics
+
+from labs import RESULTS
+from labs.metrics import read_jsonl
+
+H200, H100 = RESULTS / "gpu" / "one_card_7b_1xh200", RESULTS / "gpu" / "one_card_7b_1xh100"
+
+
+def median_timers(run_dir) -> dict[str, float]:
+    """Medians over steps 3-6 (as the median speed) of DeepSpeed's forward, backward and optimizer step timers
+    (seconds) and of the optimizer step's share of the whole step."""
+    timed = read_jsonl(run_dir / "metrics.jsonl")[2:]
+    found = {timer: statistics.median(m["timers_ms"][timer] for m in timed) / 1e3 for timer in ("fwd", "bwd", "step")}
+    found["share"] = statistics.median(m["timers_ms"]["step"] / 1e3 / m["step_time_s"] for m in timed)
+    return found
+
+
+def offloaded(ds_config: dict) -> float:
+    """The share of the optimizer offloaded in a run's resolved config (`offload_optimizer.ratio`)."""
+    return ds_config["zero_optimization"]["offload_optimizer"]["ratio"]
+
+
+def card_bytes(folder) -> int:
+    """The card's memory as nvidia-smi reported it in the round's gpus.csv (81,559 MiB for an H100 80GB)."""
+    mib = (folder / "gpus.csv").read_text().splitlines()[1].split(",")[2]
+    assert mib.strip().endswith(" MiB"), mib
+    return int(mib.split()[0]) * 2**20
+
+
+def cpu_model(path) -> str:
+    """lscpu's model number: hosts that all report "Intel(R) Xeon(R) Processor" differ there."""
+    return next(line.split(":")[1].strip() for line in path.read_text().splitlines() if line.startswith("Model:"))
