@@ -177,7 +177,8 @@ def run(stream=True, **kwargs) -> Run:
              "TORCH_CUDA_ARCH_LIST": env.get("TORCH_CUDA_ARCH_LIST"), "NCCL_NVLS_ENABLE": env.get("NCCL_NVLS_ENABLE"),
              "DS_PIN_MEMORY_BACKEND": env.get("DS_PIN_MEMORY_BACKEND"),       # labs.memory.from_run reads it
              "LABS_OFFLOAD_COPY": env.get("LABS_OFFLOAD_COPY"),
-             # the copy of updated weights a ZeRO-3 offload run made (labs.offload_copy), None where none is made
+             # the copy of updated weights chosen for a ZeRO-3 offload run (labs.offload_copy; a DeepSpeed other
+             # than 0.19.8 keeps its own, and the ranks say so), None where the run makes no such copy
              "offload_copy": offload_copy.chosen(env) if offload_copy.applies(resolved, spec["stock"]) else None,
              "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, indent=1) + "\n")
         for repair in repairs:
