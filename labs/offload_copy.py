@@ -10,11 +10,11 @@ copied without the cast and 0.16-0.18 s for CPU Adam's own step.
 
 But ZeRO-3 keeps those master weights in pageable memory (stage3.py `_create_fp32_partitions`: `pin_memory` pins the
 gradient buffers only), and from pageable memory the fp32 bytes cross no faster than the cast ones (0.39 s per 10^9,
-round 31). So labs page-locks each offloaded master in place at its first copy (cudaHostRegister: no new memory,
-0.15 s per 10^9 parameters, once) and then copies it through `copy_in_chunks`: fp32 chunks by DMA into one GPU
-staging block (256 MiB), cast by the GPU into the partition (0.072 s per 10^9). Same values: the cast rounds the same way on either
-side. On the 7B row of chapter 10 (70% of the optimizer offloaded, one H100) DeepSpeed's optimizer step fell from
-3.2-3.4 s to 1.6-1.9 s and the run went from 4,800-4,931 tokens/s to 6,175-6,436 on two hosts (rounds 31 and 32).
+round 31). So labs page-locks each offloaded master in place at its first copy (cudaHostRegister: no new memory, 0.15
+s per 10^9 parameters, once) and then copies it through `copy_in_chunks`: fp32 chunks by DMA into one GPU staging
+block (256 MiB), cast by the GPU into the partition (0.072 s per 10^9). Same values: the cast rounds the same way on
+either side. On the 7B row of chapter 10 (70% of the optimizer offloaded, one H100) DeepSpeed's optimizer step fell
+from 3.2-3.4 s to 1.6-1.9 s and the run went from 4,800-4,931 tokens/s to 6,175-6,436 on two hosts (rounds 31 and 32).
 Without the page-locking it gained nothing (round 30: 0.97x).
 
 The two chunked copies also serve labs.zenflow_host, whose ZenFlow copy-back had the same blocking cast and whose
