@@ -56,6 +56,7 @@ def test_the_copy_gives_the_cast_deepspeed_gives_and_unflattens():
 def test_masters_are_page_locked_once_and_only_for_a_gpu(monkeypatch):
     """On a GPU the pageable master is registered before its first copy, once; on a CPU host nothing is."""
     registered = []
+    monkeypatch.setattr(offload_copy, "_REGISTERED", set())     # the set lives as long as the process
     src = torch.randn(1000)
     offload_copy.copy_updated_weights(torch.empty(1000, dtype=torch.bfloat16), src,
                                       register=lambda *args: registered.append(args))
@@ -79,6 +80,7 @@ def test_a_master_cuda_refuses_to_page_lock_is_copied_as_deepspeed_copies_it(mon
     gpu_like = SimpleNamespace(device=SimpleNamespace(type="cuda"), dtype=torch.bfloat16, is_contiguous=lambda: True,
                                copy_=copied.append)
     monkeypatch.setattr(offload_copy, "_UNREGISTRABLE", set())
+    monkeypatch.setattr(offload_copy, "_REGISTERED", set())     # an earlier test's tensor may have had this address
     monkeypatch.setattr(offload_copy, "copy_in_chunks", lambda dst, source: copied.append("chunks"))
     for _ in range(2):
         offload_copy.copy_updated_weights(gpu_like, src, register=refuse)

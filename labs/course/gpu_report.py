@@ -12,7 +12,7 @@ import re
 
 from labs import RESULTS, models
 from labs.bench import cases, results
-from labs.course import offload_copy_report, zenflow_columns_report, zenflow_moments_report, zenflow_report
+from labs.course import offload_vs_stock, zenflow_columns_report, zenflow_moments_report, zenflow_report
 from labs.metrics import read_jsonl
 from labs.table import Table
 
@@ -273,6 +273,6 @@ def targets() -> list[dict]:
         dict(target="planner's pick within 5% of the best measured (each side, both budgets)",
              measured=", ".join(f"{p['side']} {p['pick_over_best']:.2f}" for p in picks),
              met=all(p["pick_over_best"] >= 0.95 for p in picks)),
-    ] + offload_targets() + [offload_copy_report.target(), zenflow_report.round12_target(), zenflow_report.round14_target(),
+    ] + offload_targets() + [offload_vs_stock.target(), zenflow_report.round12_target(), zenflow_report.round14_target(),
                              zenflow_report.round15_target(), zenflow_report.round17_target(),
                              zenflow_columns_report.round18_target(), zenflow_moments_report.round19_target()]

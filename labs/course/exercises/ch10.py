@@ -3,7 +3,7 @@ expected answer is labs' formula, DeepSpeed's own CPU Adam op, or the recorded G
 and the tolerance is what the reasoning can be expected to reach."""
 from labs import models
 from labs.bench import offload_plan
-from labs.course import one_card_7b, zenflow_moments_report, zenflow_report
+from labs.course import offload_copy_report, zenflow_moments_report, zenflow_report
 from labs.course.exercises.registry import exercise
 
 QWEN = models.shape("qwen2.5-7b")
@@ -67,5 +67,4 @@ def _native_pinning_split_host_7b():
                "copy from page-locked memory, not the whole cast copy; the page-locking itself happens once, at the "
                "first step")
 def _copy_saving_7b():
-    scaled = one_card_7b.step_parts()["scaled"]
-    return scaled["copy_to_gpu_bf16"] - scaled["copy_to_gpu_fp32"]
+    return offload_copy_report.predicted_saving_s()
