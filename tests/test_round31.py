@@ -56,7 +56,7 @@ def test_labs_against_stocks_best_offload_at_the_same_tokens_per_step():
     closest = unrun[("2 x 4", 0.65)]
     assert found["best"]["tokens_per_s"] < closest["estimated_tokens_per_s"] < found["labs_slower"]["tokens_per_s"] / 1.45
     target = offload_vs_stock.target(found)
-    assert target["met"] is False and "not run" in target["measured"]
+    assert target["met"] is False and target["verdict"] == "not established" and "not a run" in target["measured"]
     assert offload_vs_stock.loss_gaps(found)["copy_alone"] < 1e-3
     assert best["losses"] == pytest.approx(found["labs_2x4_losses"], abs=2e-3)
     speeds = [f"{r['tokens_per_s']:,.0f}" for r in found["stock"]]

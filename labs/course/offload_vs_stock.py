@@ -127,18 +127,22 @@ def target(found: dict | None = None) -> dict:
     best, slower = found["best"], found["labs_slower"]
     fastest_unrun = max(unrun, key=lambda r: r["estimated_tokens_per_s"])
     against_unrun = slower["tokens_per_s"] / fastest_unrun["estimated_tokens_per_s"]
-    met = found["conservative"] >= 1.5 and against_unrun >= 1.5 and gaps["copy_alone"] <= 0.05
+    losses_ok = gaps["copy_alone"] <= 0.05
+    measured_ok = found["conservative"] >= 1.5 and losses_ok
+    # met: the runs and the estimate clear 1.5x; not established: the runs do, the estimate for an unrun setup not
+    verdict = ("met" if measured_ok and against_unrun >= 1.5 else "not established" if measured_ok else "not met")
     return dict(target="labs' offload >= 1.5x stock's best offload, same tokens per step, loss within 0.05 nats "
                        "(7B, 1 x H100, round 32; stock: four runs at three splits, each at the smallest offloaded "
                        "share that fits in tenths at DeepSpeed's default sub-groups: not a full search)",
                 measured=f"{found['conservative']:.2f}x ({slower['run']}: {slower['batch']}, {slower['offloaded']:.0%} "
                          f"offloaded, labs' copy, vs {best['run']}: {best['batch']}, {best['offloaded']:.0%}, "
-                         f"checkpointing {best['checkpointed']}); {against_unrun:.2f}x against an estimate for stock "
-                         f"{fastest_unrun['batch']} at {fastest_unrun['offloaded']:.0%} with "
-                         f"{fastest_unrun['sub_group_size']:.0e} sub-groups (predicted to fit, not run); labs' copy "
-                         f"changes the losses by {gaps['copy_alone']:.3f} nats; stock's best split ends "
-                         f"{gaps['against_best_last']:.3f} nats from labs' 8 x 1 at step 6",
-                met=met)
+                         f"checkpointing {best['checkpointed']}); {against_unrun:.2f}x against an estimate (not a run) "
+                         f"for stock {fastest_unrun['batch']} at {fastest_unrun['offloaded']:.0%} with "
+                         f"{fastest_unrun['sub_group_size']:.0e} sub-groups, predicted to fit; the loss half, judged "
+                         f"on labs' copy alone: {gaps['copy_alone']:.3f} nats; reported, not judged: stock's best "
+                         f"split ends {gaps['against_best_last']:.3f} nats from labs' 8 x 1 at step 6 (the split, as "
+                         "labs' own 2 x 4 does)",
+                met=verdict == "met", verdict=verdict)
 
 
 def table(found: dict | None = None, ab: dict | None = None) -> Table:
@@ -146,11 +150,11 @@ def table(found: dict | None = None, ab: dict | None = None) -> Table:
     found, ab = found or stock_best(), ab or copy_ab()
     rows = [("31", r) for r in ab["runs"].values()] + [("32", r) for r in found["stock"] + found["labs"]]
     columns = ["round", "run", "side, copy", "batch", "offloaded", "checkpointed", "tokens/s", "MFU (causal)",
-               "GPU peak, predicted (GiB)", "fwd + bwd (s)", "optimizer step (s)"]
+               "GPU peak measured, predicted (GiB)", "fwd + bwd (s)", "optimizer step (s)"]
     return Table([{"round": n, "run": r["run"], "side, copy": f"{r['side']}, {r['copy']}", "batch": r["batch"],
                    "offloaded": f"{r['offloaded']:.0%}", "checkpointed": r["checkpointed"],
                    "tokens/s": f"{r['tokens_per_s']:,.0f}", "MFU (causal)": f"{r['mfu']:.1%} ({r['mfu_causal']:.1%})",
-                   "GPU peak, predicted (GiB)": f"{r['gpu_gib']:.2f}, {r['predicted_gpu_gib']:.2f}",
+                   "GPU peak measured, predicted (GiB)": f"{r['gpu_gib']:.2f}, {r['predicted_gpu_gib']:.2f}",
                    "fwd + bwd (s)": f"{r['fwd_s'] + r['bwd_s']:.2f}",
                    "optimizer step (s)": f"{r['optimizer_step_s']:.2f}"} for n, r in rows], columns)
 
@@ -190,15 +194,18 @@ def lines(ab: dict | None = None, found: dict | None = None) -> list[str]:
         f"optimizer step {min(ab['step_saved_s']):.2f}-{max(ab['step_saved_s']):.2f} s shorter (exercise 10.5's "
         f"reasoning from round 29's parts: {ab['predicted_saving_s']:.2f} s)",
         f"the copy's parts there, scaled to the {ab['offloaded_params'] / 1e9:.2f} B offloaded parameters: "
-        f"DeepSpeed's cast copy from the pageable masters {scaled['copy_to_gpu_bf16_pageable']:.2f} s, of which the "
-        f"cast on the host alone {scaled['cast_on_host']:.2f} s; fp32 uncast from pageable "
+        f"DeepSpeed's cast copy from the pageable masters {scaled['copy_to_gpu_bf16_pageable']:.2f} s (from a "
+        f"page-locked master {scaled['copy_to_gpu_bf16']:.2f} s), of which the cast on the host alone "
+        f"{scaled['cast_on_host']:.2f} s; fp32 uncast from pageable "
         f"{scaled['copy_to_gpu_fp32_pageable']:.2f} s ({ab['pageable_gb_s']:.1f} GB/s), from page-locked "
         f"{scaled['copy_to_gpu_fp32_registered']:.2f} s ({ab['locked_gb_s']:.1f} GB/s) after page-locking once "
         f"({scaled['register']:.2f} s); CPU Adam {scaled['cpu_adam']:.2f} s",
         f"DeepSpeed's cast copy as two halves, per 10^9 parameters: the cast on the host {per['cast_on_host']:.3f} s, "
         f"then its bf16 result, a pageable temporary, crossing at the pageable rate "
         f"{per['copy_to_gpu_fp32_pageable'] / 2:.3f} s: {ab['cast_then_cross_s']:.3f} s, against "
-        f"{per['copy_to_gpu_bf16_pageable']:.3f} s timed whole",
+        f"{per['copy_to_gpu_bf16_pageable']:.3f} s timed whole from a pageable master and "
+        f"{per['copy_to_gpu_bf16']:.3f} s "
+        "from a page-locked one",
         f"round 32 (a fresh machine, CPU model {found['cpu_model']}), {best['tokens_per_step']:,} tokens per optimizer "
         f"step on both sides: stock's best {best['tokens_per_s']:,.0f} tokens/s ({best['batch']}, "
         f"{best['offloaded']:.0%} offloaded, checkpointing {best['checkpointed']}, its peak "
@@ -212,6 +219,9 @@ def lines(ab: dict | None = None, found: dict | None = None) -> list[str]:
           for u in unrun_stock(found)),
         f"stock 8 x 1, every layer checkpointed, all of the optimizer offloaded: predicted {_stock_8x1_gib():.1f} GiB "
         f"of {memory.usable_bytes('H100') / 2**30:.1f} usable (does not fit)",
+        "largest loss gap over the 6 steps: labs' copy against DeepSpeed's (round 31) {copy_alone:.3f}; labs 8 x 1 "
+        "against stock 4 x 2 {labs_vs_stock_4x2:.3f}; stock 2 x 4 against labs' own 2 x 4 (round 26) "
+        "{stock_vs_labs_2x4:.3f} nats".format(**loss_gaps(found)),
         "step 4's sequences (labs.data, the default corpus): " + "; ".join(
             f"{m} x {g}: {step_sequences(m, g, 4)}" for m, g in ((8, 1), (4, 2), (2, 4), (1, 8))),
         f"round 33 (a third machine, CPU model {default['cpu_model']}), the committed default with "
@@ -220,8 +230,8 @@ def lines(ab: dict | None = None, found: dict | None = None) -> list[str]:
 
 
 def recipe() -> list[str]:
-    """The two lines that run labs' row on your own host (round 32's labs run): a copy of the committed ZeRO-3
-    offload config with its offloaded share, then `labs train` with the run's flags."""
+    """What runs labs' row on your own host (round 32's labs run): a comment with what it needs, a copy of the committed
+    ZeRO-3 offload config with its offloaded share, then `labs train` with the run's flags."""
     spec = json.loads((ROUND32 / "labs_copy" / "run.json").read_text())
     resolved = json.loads((ROUND32 / "labs_copy" / "ds_config.json").read_text())
     share = offloaded(resolved)
@@ -229,7 +239,14 @@ def recipe() -> list[str]:
     line = cases.train_line({**spec, "config": config, "micro_batch": resolved["train_micro_batch_size_per_gpu"],
                              "grad_accum": resolved["gradient_accumulation_steps"]}, spec["nproc"],
                             inputs="--model-path YOUR_MODEL --data YOUR_DATA.jsonl")
-    return [f"python -c \"from labs import config; c = config.load('bench/labs_zero3_offload_half.json'); "
+    host_gib = memory.from_run(ROUND32 / "labs_copy").host_per_node_bytes / 2**30
+    return [f"# one GPU of 80 GB, a host with at least {1.1 * host_gib:.0f} GiB (labs.memory predicts "
+            f"{host_gib:.1f} for the training process, plus a tenth); {spec['seq_len']:,} tokens per sequence "
+            "(the preset's default), "
+            f"so {resolved['train_micro_batch_size_per_gpu'] * spec['seq_len']:,} tokens per optimizer step; "
+            "'bench/...' names a config under ds_configs/, the copy is written to the current folder; "
+            "--steps defaults to 30",
+            f"python -c \"from labs import config; c = config.load('bench/labs_zero3_offload_half.json'); "
             f"c['zero_optimization']['offload_optimizer']['ratio'] = {share:.1f}; config.write(c, '{config}')\"",
             line.replace(f"--config bench/{config}", f"--config {config}")]
 
