@@ -95,3 +95,15 @@ def test_the_default_is_the_copy_round_31_measured():
     assert default["losses"] == pytest.approx(offload_copy_report.copy_ab()["runs"]["labs_copy"]["losses"], abs=2e-3)
     figures = [f"{default['tokens_per_s']:,.0f} tokens/s", f"optimizer step {default['optimizer_step_s']:.2f} s"]
     assert unquoted(README, figures) == []
+
+
+def test_the_committed_70_percent_config_is_the_one_round_32_ran():
+    """bench/labs_zero3_offload_70.json, which chapter 9's recipe and chapter 10's row name, is the config labs' runs
+    of round 32 were given, key for key, and the committed half-offload config but for the share."""
+    from conftest import ROOT
+    committed = json.loads((ROOT / "ds_configs" / "bench" / "labs_zero3_offload_70.json").read_text())
+    assert committed == json.loads((offload_copy_report.H100 / "round32" / "z3_off70.json").read_text())
+    half = json.loads((ROOT / "ds_configs" / "bench" / "labs_zero3_offload_half.json").read_text())
+    half["zero_optimization"]["offload_optimizer"]["ratio"] = 0.7
+    assert committed == half
+    assert offload_vs_stock.recipe_row()["config"] == "labs_zero3_offload_70.json"

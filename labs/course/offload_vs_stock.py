@@ -229,26 +229,39 @@ def lines(ab: dict | None = None, found: dict | None = None) -> list[str]:
         f"{default['tokens_per_s']:,.0f} tokens/s, optimizer step {default['optimizer_step_s']:.2f} s"]
 
 
+def recipe_row(found: dict | None = None) -> dict:
+    """Chapter 9's recipes table's row for the 7B on one 80 GB card with the optimizer offloaded: labs' slower run
+    against stock's fastest (round 32), with the `labs train` line on the committed config of the run's share."""
+    found = found or stock_best()
+    labs, stock = found["labs_slower"], found["best"]
+    spec = json.loads((ROUND32 / labs["run"] / "run.json").read_text())
+    resolved = json.loads((ROUND32 / labs["run"] / "ds_config.json").read_text())
+    config = f"labs_zero3_offload_{offloaded(resolved) * 100:.0f}.json"
+    options = {**spec, "config": config, "micro_batch": resolved["train_micro_batch_size_per_gpu"],
+               "grad_accum": resolved["gradient_accumulation_steps"]}
+    return dict(gpus=1, preset=spec["preset"],
+                budget=f"80 GB (H100), {labs['offloaded']:.0%} of the optimizer offloaded",
+                run="32", labs=f"labs-{spec['engine']}-ck{spec['activation_checkpointing']}-mb{options['micro_batch']}"
+                               f"-ga{options['grad_accum']}",
+                labs_tokens_per_s=labs["tokens_per_s"], mfu=labs["mfu"], mfu_causal=labs["mfu_causal"],
+                peak_gib=labs["gpu_gib"], stock=f"stock-zero3-offload{stock['offloaded'] * 100:.0f}-"
+                                             f"ck{stock['checkpointed']}-mb{stock['batch'].replace(' x ', '-ga')}",
+                stock_tokens_per_s=stock["tokens_per_s"], ratio=labs["tokens_per_s"] / stock["tokens_per_s"],
+                command=cases.train_line(options, spec["nproc"]), config=config)
+
+
 def recipe() -> list[str]:
-    """What runs labs' row on your own host (round 32's labs run): a comment with what it needs, a copy of the committed
-    ZeRO-3 offload config with its offloaded share, then `labs train` with the run's flags."""
-    spec = json.loads((ROUND32 / "labs_copy" / "run.json").read_text())
-    resolved = json.loads((ROUND32 / "labs_copy" / "ds_config.json").read_text())
-    share = offloaded(resolved)
-    config = f"zero3_offload_{share * 100:.0f}.json"
-    line = cases.train_line({**spec, "config": config, "micro_batch": resolved["train_micro_batch_size_per_gpu"],
-                             "grad_accum": resolved["gradient_accumulation_steps"]}, spec["nproc"],
-                            inputs="--model-path YOUR_MODEL --data YOUR_DATA.jsonl")
+    """What runs labs' row on your own host (round 32's labs run): a comment with what it needs, then `labs train` on
+    the committed config of the run's offloaded share (bench/labs_zero3_offload_70.json, the run's config exactly)."""
+    row = recipe_row()
     host_gib = memory.from_run(ROUND32 / "labs_copy").host_per_node_bytes / 2**30
+    spec = json.loads((ROUND32 / "labs_copy" / "run.json").read_text())
     return [f"# one GPU of 80 GB, a host with at least {1.1 * host_gib:.0f} GiB (labs.memory predicts "
             f"{host_gib:.1f} for the training process, plus a tenth); {spec['seq_len']:,} tokens per sequence "
-            "(the preset's default), "
-            f"so {resolved['train_micro_batch_size_per_gpu'] * spec['seq_len']:,} tokens per optimizer step; "
-            "'bench/...' names a config under ds_configs/, the copy is written to the current folder; "
+            "(the preset's default), 8 sequences per optimizer step; 'bench/...' names a config under ds_configs/; "
             "--steps defaults to 30",
-            f"python -c \"from labs import config; c = config.load('bench/labs_zero3_offload_half.json'); "
-            f"c['zero_optimization']['offload_optimizer']['ratio'] = {share:.1f}; config.write(c, '{config}')\"",
-            line.replace(f"--config bench/{config}", f"--config {config}")]
+            row["command"].replace(f"--config bench/{row['config']}",
+                                   f"--config bench/{row['config']} --model-path YOUR_MODEL --data YOUR_DATA.jsonl")]
 
 
 def plot(ab: dict | None = None, found: dict | None = None, ax=None):
