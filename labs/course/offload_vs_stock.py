@@ -44,11 +44,10 @@ def stock_best() -> dict:
     slower = min(labs_runs, key=lambda r: r["tokens_per_s"])
     mean = sum(r["tokens_per_s"] for r in labs_runs) / len(labs_runs)
     same_split = [r for r in stock if r["batch"] == best["batch"] and r["offloaded"] == best["offloaded"]]
+    best_mean = sum(r["tokens_per_s"] for r in same_split) / len(same_split)
     labs_2x4 = run(H200 / "z3off70_7b_2x4")
-    return dict(stock=stock, labs=labs_runs, best=best, labs_slower=slower, labs_mean=mean,
-                best_mean=sum(r["tokens_per_s"] for r in same_split) / len(same_split),
-                conservative=slower["tokens_per_s"] / best["tokens_per_s"],
-                of_means=mean / (sum(r["tokens_per_s"] for r in same_split) / len(same_split)),
+    return dict(stock=stock, labs=labs_runs, best=best, labs_slower=slower, labs_mean=mean, best_mean=best_mean,
+                conservative=slower["tokens_per_s"] / best["tokens_per_s"], of_means=mean / best_mean,
                 labs_2x4_losses=labs_2x4["losses"], cpu_model=cpu_model(ROUND32 / "cpu.txt"))
 
 
@@ -98,7 +97,7 @@ def _step_s(r: dict) -> float:
     return r["tokens_per_step"] / r["tokens_per_s"]
 
 
-def loss_gaps(found: dict | None = None) -> dict[str, float]:
+def loss_gaps(found: dict | None = None, ab: dict | None = None) -> dict[str, float]:
     """Per-step loss gaps (the largest over the 6 steps): labs' 8 x 1 against stock's 4 x 2 and stock's 2 x 4 against
     labs' own 2 x 4 of round 26 (pairs whose losses agree although engines or copies differ), round 31's labs copy
     against its DeepSpeed copies (the copy alone), and labs' 8 x 1 against stock's best at the last step."""
@@ -107,7 +106,7 @@ def loss_gaps(found: dict | None = None) -> dict[str, float]:
     stock_4x2 = [r for r in found["stock"] if r["batch"] == "4 x 2"]
     stock_2x4 = [r for r in found["stock"] if r["batch"] == "2 x 4"]
     gap = lambda a, b: max(abs(x - y) for x, y in zip(a, b, strict=True))
-    copies = copy_ab()["runs"]
+    copies = (ab or copy_ab())["runs"]
     return dict(labs_vs_stock_4x2=max(gap(a["losses"], b["losses"]) for a in labs_runs for b in stock_4x2),
                 stock_vs_labs_2x4=max(gap(r["losses"], found["labs_2x4_losses"]) for r in stock_2x4),
                 copy_alone=max(gap(copies["labs_copy"]["losses"], copies[n]["losses"])
@@ -221,7 +220,7 @@ def lines(ab: dict | None = None, found: dict | None = None) -> list[str]:
         f"of {memory.usable_bytes('H100') / 2**30:.1f} usable (does not fit)",
         "largest loss gap over the 6 steps: labs' copy against DeepSpeed's (round 31) {copy_alone:.3f}; labs 8 x 1 "
         "against stock 4 x 2 {labs_vs_stock_4x2:.3f}; stock 2 x 4 against labs' own 2 x 4 (round 26) "
-        "{stock_vs_labs_2x4:.3f} nats".format(**loss_gaps(found)),
+        "{stock_vs_labs_2x4:.3f} nats".format(**loss_gaps(found, ab)),
         "step 4's sequences (labs.data, the default corpus): " + "; ".join(
             f"{m} x {g}: {step_sequences(m, g, 4)}" for m, g in ((8, 1), (4, 2), (2, 4), (1, 8))),
         f"round 33 (a third machine, CPU model {default['cpu_model']}), the committed default with "
@@ -256,10 +255,12 @@ def recipe() -> list[str]:
     row = recipe_row()
     host_gib = memory.from_run(ROUND32 / "labs_copy").host_per_node_bytes / 2**30
     spec = json.loads((ROUND32 / "labs_copy" / "run.json").read_text())
+    resolved = json.loads((ROUND32 / "labs_copy" / "ds_config.json").read_text())
+    sequences = resolved["train_micro_batch_size_per_gpu"] * resolved["gradient_accumulation_steps"]
     return [f"# one GPU of 80 GB, a host with at least {1.1 * host_gib:.0f} GiB (labs.memory predicts "
             f"{host_gib:.1f} for the training process, plus a tenth); {spec['seq_len']:,} tokens per sequence "
-            "(the preset's default), 8 sequences per optimizer step; 'bench/...' names a config under ds_configs/; "
-            "--steps defaults to 30",
+            f"(the preset's default), {sequences} sequences per optimizer step; 'bench/...' names a config under "
+            "ds_configs/; --steps defaults to 30",
             row["command"].replace(f"--config bench/{row['config']}",
                                    f"--config bench/{row['config']} --model-path YOUR_MODEL --data YOUR_DATA.jsonl")]
 
