@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 
 from labs import memory
-from labs.course.one_card_runs import H100, cpu_model, median_timers, offloaded
+from labs.course.one_card_runs import H100, cpu_model, median_timers, offloaded, round28_run
 from labs.metrics import read_jsonl
 
 ROUND31 = H100 / "round31"
@@ -78,9 +78,7 @@ def predicted_saving_s() -> float:
     cast copy DeepSpeed makes less the uncast fp32 copy from page-locked memory, scaled to the parameters whose
     optimizer state round 28's 7B row offloaded (the row chapter 10's sizing section prints)."""
     parts = json.loads((H100 / "round29" / "offload_step_parts.txt").read_text().splitlines()[-1])
-    row = H100 / "round28" / "z3off70_7b"
-    offloaded_params = offloaded(json.loads((row / "ds_config.json").read_text())) * json.loads(
-        (row / "summary.json").read_text())["params"]
+    _, offloaded_params, _ = round28_run()
     return (parts["copy_to_gpu_bf16_s"] - parts["copy_to_gpu_fp32_s"]) * offloaded_params / parts["numel"]
 
 

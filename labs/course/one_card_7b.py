@@ -18,7 +18,7 @@ import re
 from labs import memory
 from labs.bench import offload_plan
 from labs.course import gpu_report, host_samples, one_gpu_report
-from labs.course.one_card_runs import H100, H200, card_bytes, cpu_model, median_timers, offloaded
+from labs.course.one_card_runs import H100, H200, card_bytes, cpu_model, median_timers, offloaded, round28_run
 from labs.table import Table
 
 # (card, round, run folder): 8 x 1, 4 x 2 and 2 x 4 on the capped H200; 8 x 1 on an H100 in round 24, then 4 x 2 and
@@ -74,18 +74,11 @@ def cpu_adam() -> dict:
     """Round 28's CPU Adam benchmark (labs.course.offload, median of 5 steps over 10^9 fp32 parameters, every core),
     scaled to the parameters whose optimizer state the 7B run on that host offloaded, against its optimizer step."""
     report = json.loads((H100 / "round28" / "cpu_adam_step.txt").read_text().splitlines()[-1])
-    params, offloaded_params, step_s = _round28_run()
+    params, offloaded_params, step_s = round28_run()
     adam_s = report["median_s"] * offloaded_params / report["numel"]
     return dict(threads=report["threads"], numel=report["numel"], seconds=report["median_s"], params=params,
                 offloaded_params=offloaded_params, adam_s=adam_s, optimizer_step_s=step_s, share=adam_s / step_s)
 
-
-def _round28_run() -> tuple[int, float, float]:
-    """Round 28's 8 x 1 run: its parameters, those whose optimizer state it offloaded, and its median optimizer step."""
-    run_dir = H100 / "round28" / "z3off70_7b"
-    params = json.loads((run_dir / "summary.json").read_text())["params"]
-    ratio = offloaded(json.loads((run_dir / "ds_config.json").read_text()))
-    return params, ratio * params, median_timers(run_dir)["step"]
 
 
 def step_parts() -> dict:
@@ -96,7 +89,7 @@ def step_parts() -> dict:
     that row on one host, DeepSpeed's copy of the updated weights and one cast on the GPU from the pageable masters:
     tokens/s and the median forward, backward and optimizer step (steps 3-6) of each; lscpu's CPU model per host."""
     parts = json.loads((H100 / "round29" / "offload_step_parts.txt").read_text().splitlines()[-1])
-    _, offloaded_params, _ = _round28_run()
+    _, offloaded_params, _ = round28_run()
     scaled = {key[:-2]: value * offloaded_params / parts["numel"] for key, value in parts.items() if key.endswith("_s")}
     ab = {}
     for name in ("ds_copy", "labs_copy"):

@@ -1,8 +1,9 @@
 """Where the one-card 7B rounds' run folders are, and the readings every report of them shares: DeepSpeed's timers,
 the offloaded share, the card's memory, the host's CPU model. Read by labs.course.one_card_7b (chapter 10's 7B row)
-and labs.course.offload_copy_report (labs' copy of the updated weights, stock's best offload setups)."""
+and labs.course.offload_copy_report (labs' copy of the updated weights)."""
 from __future__ import annotations
 
+import json
 import statistics
 
 from labs import RESULTS
@@ -35,3 +36,12 @@ def card_bytes(folder) -> int:
 def cpu_model(path) -> str:
     """lscpu's model number: hosts that all report "Intel(R) Xeon(R) Processor" differ there."""
     return next(line.split(":")[1].strip() for line in path.read_text().splitlines() if line.startswith("Model:"))
+
+
+def round28_run() -> tuple[int, float, float]:
+    """Round 28's 8 x 1 run: its parameters, those whose optimizer state it offloaded (the figure round 29's parts are
+    scaled to), and its median optimizer step."""
+    run_dir = H100 / "round28" / "z3off70_7b"
+    params = json.loads((run_dir / "summary.json").read_text())["params"]
+    ratio = offloaded(json.loads((run_dir / "ds_config.json").read_text()))
+    return params, ratio * params, median_timers(run_dir)["step"]
