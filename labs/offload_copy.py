@@ -112,23 +112,30 @@ def copy_updated_weights(dst: torch.Tensor, src: torch.Tensor, register=None) ->
             src.is_contiguous() and dst.is_contiguous()):
         dst.copy_(src)
         return
-    storage = src.untyped_storage()
-    address = storage.data_ptr()
-    if dst.device.type == "cuda" and address not in _REGISTERED and not src.is_pinned():
-        if address in _UNREGISTRABLE:
-            dst.copy_(src)
-            return
-        try:
-            register(address, storage.nbytes())
-        except RuntimeError as error:            # e.g. a locked-memory limit: copy as DeepSpeed does, and say so once
-            if not _UNREGISTRABLE:
-                print(f"labs: could not page-lock an offloaded master ({error}); its updated weights are copied as "
-                      "DeepSpeed copies them (slower)", file=sys.stderr, flush=True)
-            _UNREGISTRABLE.add(address)
-            dst.copy_(src)
-            return
-        _REGISTERED.add(address)                 # once: registering a range twice is an error in CUDA
+    if dst.device.type == "cuda" and not src.is_pinned() and not _page_lock(src.untyped_storage(), register):
+        dst.copy_(src)              # CUDA refused to page-lock this master: DeepSpeed's copy
+        return
     copy_in_chunks(dst, src)
+
+
+def _page_lock(storage, register) -> bool:
+    """Page-lock a master's storage where it lies, once (registering a range twice is an error in CUDA); False where
+    CUDA refuses (a locked-memory limit, say): said once, and not tried again for that storage."""
+    address = storage.data_ptr()
+    if address in _REGISTERED:
+        return True
+    if address in _UNREGISTRABLE:
+        return False
+    try:
+        register(address, storage.nbytes())
+    except RuntimeError as error:
+        if not _UNREGISTRABLE:
+            print(f"labs: could not page-lock an offloaded master ({error}); its updated weights are copied as "
+                  "DeepSpeed copies them (slower)", file=sys.stderr, flush=True)
+        _UNREGISTRABLE.add(address)
+        return False
+    _REGISTERED.add(address)
+    return True
 
 
 def _reassign_or_swap_out_partitioned_parameters(self, sub_group_id):

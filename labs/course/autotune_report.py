@@ -77,7 +77,7 @@ def _gib(value: str, unit: str) -> float:
 
 
 def bench_rows(name: str) -> dict[str, dict]:
-    return {r["case"]: r for r in gpu_report.case_rows(BENCH[name]) if r["status"] == "ok"}
+    return gpu_report.by_case(BENCH[name], ok_only=True)
 
 
 def planner_picks(batch_per_gpu=8) -> dict[str, dict]:

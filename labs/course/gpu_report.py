@@ -121,9 +121,14 @@ def planner_check(suffix: str) -> list[dict]:
     return checks
 
 
+def by_case(suffix: str, ok_only: bool = False) -> dict[str, dict]:
+    """A recorded bench file's rows (case_rows) by case name; with `ok_only`, only the cases that ran."""
+    return {r["case"]: r for r in case_rows(suffix) if r["status"] == "ok" or not ok_only}
+
+
 def lever_rows(suffix: str, base: str) -> list[dict]:
     """Each case of a lever run against the base case of the same invocation (one lever each)."""
-    rows = {r["case"]: r for r in case_rows(suffix) if r["status"] == "ok"}
+    rows = by_case(suffix, ok_only=True)
     return [dict(r, lever=name.removeprefix(base).strip("-") or "(base)",
                  vs_base=r["tokens_per_s_per_gpu"] / rows[base]["tokens_per_s_per_gpu"])
             for name, r in rows.items()]
@@ -176,10 +181,10 @@ def offload_targets(suffix: str = RUNS["offload"], stock_suffix: str = RUNS["off
     """Issue 12's offload targets (1 x H200, Qwen2.5-3B shape, equal tokens per step): hidden from run m (the only
     invocation with labs without offload beside), labs / stock from runs m and n, each within its own invocation;
     the lower ratio decides, since stock's best setup differs between them."""
-    rows = {r["case"]: r for r in case_rows(suffix)}
+    rows = by_case(suffix)
     labs_offload = best(suffix, "labs", offload=True)
     hidden = labs_offload["tokens_per_s_per_gpu"] / rows[OFFLOAD_REFERENCE]["tokens_per_s_per_gpu"]
-    in_p = {r["case"]: r for r in case_rows(RUNS["ratio"])}           # run p: ZeRO-3 half offload, and without
+    in_p = by_case(RUNS["ratio"])           # run p: ZeRO-3 half offload, and without
     hidden_p = in_p[PARTIAL_OFFLOAD]["tokens_per_s_per_gpu"] / in_p[PARTIAL_REFERENCE]["tokens_per_s_per_gpu"]
     (in_m, _, stock_m), (in_n, labs_n, stock_n) = offload_ratio(suffix), offload_ratio(stock_suffix)
     return [

@@ -17,7 +17,7 @@ import re
 
 from labs import memory
 from labs.bench import offload_plan
-from labs.course import gpu_report, host_samples, one_gpu_report
+from labs.course import gpu_report, host_samples, offload_copy_report, one_gpu_report
 from labs.course.one_card_runs import H100, H200, card_bytes, cpu_model, median_timers, offloaded, round28_run
 from labs.table import Table
 
@@ -67,9 +67,6 @@ def rows() -> list[dict]:
     return found
 
 
-
-
-
 def cpu_adam() -> dict:
     """Round 28's CPU Adam benchmark (labs.course.offload, median of 5 steps over 10^9 fp32 parameters, every core),
     scaled to the parameters whose optimizer state the 7B run on that host offloaded, against its optimizer step."""
@@ -78,7 +75,6 @@ def cpu_adam() -> dict:
     adam_s = report["median_s"] * offloaded_params / report["numel"]
     return dict(threads=report["threads"], numel=report["numel"], seconds=report["median_s"], params=params,
                 offloaded_params=offloaded_params, adam_s=adam_s, optimizer_step_s=step_s, share=adam_s / step_s)
-
 
 
 def step_parts() -> dict:
@@ -91,19 +87,13 @@ def step_parts() -> dict:
     parts = json.loads((H100 / "round29" / "offload_step_parts.txt").read_text().splitlines()[-1])
     _, offloaded_params, _ = round28_run()
     scaled = {key[:-2]: value * offloaded_params / parts["numel"] for key, value in parts.items() if key.endswith("_s")}
-    ab = {}
-    for name in ("ds_copy", "labs_copy"):
-        run_dir = H100 / "round30" / name
-        seconds = median_timers(run_dir)
-        ab[name] = dict(tokens_per_s=json.loads((run_dir / "summary.json").read_text())["tokens_per_s_per_gpu"],
-                        fwd_s=seconds["fwd"], bwd_s=seconds["bwd"], optimizer_step_s=seconds["step"])
+    ab = {name: offload_copy_report.run(H100 / "round30" / name) for name in ("ds_copy", "labs_copy")}
     adam_alone = json.loads((H100 / "round29" / "cpu_adam_step.txt").read_text().splitlines()[-1])["median_s"]
     cpu_models = {n: cpu_model(H100 / f"round{n}" / "cpu.txt") for n in (28, 29, 30)}
     return dict(per_1e9=parts, offloaded_params=offloaded_params, scaled=scaled,
                 parts_sum_s=sum(scaled[k] for k in ("grad_mul", "cpu_adam", "copy_to_gpu_bf16")),
                 cpu_adam_alone_s=adam_alone, round30=ab, cpu_models=cpu_models,
                 labs_over_deepspeed=ab["labs_copy"]["tokens_per_s"] / ab["ds_copy"]["tokens_per_s"])
-
 
 
 def table(measured: list[dict] | None = None) -> Table:

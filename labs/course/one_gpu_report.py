@@ -138,8 +138,8 @@ def real_card() -> dict:
     """Run y on a real H100 (y3, and its repeat y4) against run y on the H200 capped at an H100's memory: per case the
     tokens/s on each (the H100's over the capped H200's) and the peak; each side's best on the H100 and the ratio in
     both invocations; and each case that ran out of memory on the card, with what PyTorch held and asked for."""
-    capped = {r["case"]: r for r in gpu_report.case_rows(SWEEPS["y"]) if r["status"] == "ok"}
-    again = {r["case"]: r for r in gpu_report.case_rows(REAL_CARD["repeat"]) if r["status"] == "ok"}
+    capped = gpu_report.by_case(SWEEPS["y"], ok_only=True)
+    again = gpu_report.by_case(REAL_CARD["repeat"], ok_only=True)
     cases, failed = [], []
     for r in gpu_report.case_rows(REAL_CARD["sweep"]):
         if r["status"] != "ok":
@@ -161,8 +161,8 @@ def cap_after_card_cap() -> list[dict]:
     """Run y5 (an H200 under labs.card_cap's H100 cap) case by case against the real H100 (y3) and the plain cap (y2
     where it ran the case, else y): whether it fit each way, tokens/s under the new cap over the real card's, and,
     for a case that ran out of memory under the new cap, what PyTorch held and asked for."""
-    new, card = _by_case(CARD_CAP), _by_case(REAL_CARD["sweep"])
-    plain = {**_by_case(SWEEPS["y"]), **_by_case(CAP_AFTER_FIX)}
+    new, card = gpu_report.by_case(CARD_CAP), gpu_report.by_case(REAL_CARD["sweep"])
+    plain = {**gpu_report.by_case(SWEEPS["y"]), **gpu_report.by_case(CAP_AFTER_FIX)}
     found = []
     for case, r in new.items():
         ok = r["status"] == "ok"
@@ -179,8 +179,8 @@ def cap_on_real_card() -> list[dict]:
     not bind: per case whether it fit under the cap, with no cap (y6b, the next minutes; else run y3, the earlier
     sweep on another H100 host), tokens/s and peaks both ways, and for a case that ran out of memory, the limit the
     cap set against the card's capacity as torch sees it and what the rank held outside PyTorch."""
-    capped, after = _by_case(ON_CARD["capped"]), _by_case(ON_CARD["uncapped"])
-    uncapped = {**_by_case(REAL_CARD["sweep"]), **after}
+    capped, after = gpu_report.by_case(ON_CARD["capped"]), gpu_report.by_case(ON_CARD["uncapped"])
+    uncapped = {**gpu_report.by_case(REAL_CARD["sweep"]), **after}
     found = []
     for case, r in capped.items():
         other, ok = uncapped[case], r["status"] == "ok"
@@ -193,8 +193,3 @@ def cap_on_real_card() -> list[dict]:
                           peak_gib=r["peak_gib"] if ok else None, uncapped_peak_gib=other["peak_gib"] if ok else None,
                           **said))
     return found
-
-
-def _by_case(suffix: str) -> dict[str, dict]:
-    """A recorded bench file's rows (labs.course.gpu_report.case_rows), by case."""
-    return {r["case"]: r for r in gpu_report.case_rows(suffix)}
