@@ -40,41 +40,36 @@ def test_labs_copy_shortens_the_optimizer_step_and_nothing_else():
 def test_labs_against_stocks_best_offload_at_the_same_tokens_per_step():
     """Round 32: every stock run is stock (HF loss, HF full checkpointing, DeepSpeed's copy) at 32,768 tokens per step,
     each at the share labs.memory predicted to fit, each GPU peak within 0.1 GiB of that prediction; labs' slower
-    run beats stock's fastest by at least 1.5x; stock's 2 x 4 follows labs' own 2 x 4 (round 26) to 2e-3."""
+    run beats stock's fastest by at least 1.5x on that host; stock's 2 x 4 follows labs' own 2 x 4 (round 26) to 2e-3.
+    Rounds 34 and 35 (labs.course.stock_search, tests/test_round34.py) complete the search."""
     found = offload_vs_stock.stock_best()
+    round32 = found["rounds"]["32"]
     assert {r["side"] for r in found["stock"]} == {"stock"} and {r["side"] for r in found["labs"]} == {"labs"}
-    assert all(r["loss"] == "hf" and r["checkpointed"] == "full" and r["copy"] == "DeepSpeed's" for r in found["stock"])
+    assert all(r["loss"] == "hf" and r["copy"] == "DeepSpeed's" for r in found["stock"])
+    assert all(r["checkpointed"] == "full" for r in round32["stock"])
     assert all(r["copy"] == "labs'" for r in found["labs"])
-    for r in found["stock"] + found["labs"]:
+    for r in round32["stock"] + round32["labs"]:
         assert r["tokens_per_step"] == 32768 and r["gpu_gib"] == pytest.approx(r["predicted_gpu_gib"], abs=0.1)
-    best = found["best"]
+    best = round32["best"]
     assert (best["run"], best["batch"], best["offloaded"]) == ("stock70_mb2_again", "2 x 4", 0.7)
-    assert found["conservative"] >= 1.5 and found["of_means"] > found["conservative"]
-    # not a full search: a stock setup predicted to fit (smaller sub-groups, 65% offloaded) is estimated within 1.5x
-    unrun = {(u["batch"], u["offloaded"]): u for u in offload_vs_stock.unrun_stock(found)}
-    assert all(u["gpu_gib"] < u["usable_gib"] for u in unrun.values())
-    closest = unrun[("2 x 4", 0.65)]
-    assert found["best"]["tokens_per_s"] < closest["estimated_tokens_per_s"] < found["labs_slower"]["tokens_per_s"] / 1.45
-    target = offload_vs_stock.target(found)
-    assert target["met"] is False and target["verdict"] == "not established" and "not a run" in target["measured"]
+    assert round32["ratio"] >= 1.5
     assert offload_vs_stock.loss_gaps(found)["copy_alone"] < 1e-3
     assert best["losses"] == pytest.approx(found["labs_2x4_losses"], abs=2e-3)
-    speeds = [f"{r['tokens_per_s']:,.0f}" for r in found["stock"]]
-    figures = [", ".join(speeds[:3]) + " and " + speeds[3], f"labs {found['labs'][0]['tokens_per_s']:,.0f} and "
-               f"{found['labs'][1]['tokens_per_s']:,.0f}", f"{found['conservative']:.2f}x"]
+    speeds = [f"{r['tokens_per_s']:,.0f}" for r in round32["stock"]]
+    figures = [", ".join(speeds[:3]) + " and " + speeds[3], f"labs {round32['labs'][0]['tokens_per_s']:,.0f} and "
+               f"{round32['labs'][1]['tokens_per_s']:,.0f}", f"{round32['ratio']:.2f}x"]
     assert unquoted(README, figures) == []
 
 
 def test_the_readme_quotes_the_readings():
-    """The project README's table row and paragraph state round 31's and round 32's figures as read."""
+    """The project README's table row and paragraph state round 31's figures and the deciding round's as read."""
     ab, found = offload_copy_report.copy_ab(), offload_vs_stock.stock_best()
-    closest = max(u["estimated_tokens_per_s"] for u in offload_vs_stock.unrun_stock(found))
     runs = ab["runs"]
-    slower = found["labs_slower"]
-    figures = [f"{found['best']['tokens_per_s']:,.0f}: ZeRO-3 with 70% of the optimizer offloaded",
-               f"{found['labs'][0]['tokens_per_s']:,.0f} and {found['labs'][1]['tokens_per_s']:,.0f}",
-               f"{found['conservative']:.2f}x (labs' slower run); not established",
-               f"estimated at {found['labs_slower']['tokens_per_s'] / closest:.2f}x",
+    slower, best = found["labs_slower"], found["best"]
+    figures = [f"{best['tokens_per_s']:,.0f}: ZeRO-3 with 65% of the optimizer offloaded",
+               f"{found['rounds'][found['deciding']]['labs'][0]['tokens_per_s']:,.0f} and "
+               f"{found['rounds'][found['deciding']]['labs'][1]['tokens_per_s']:,.0f}",
+               f"{found['conservative']:.2f}x (labs' slower run, round {found['deciding']}); met",
                f"{slower['mfu']:.1%} ({slower['mfu_causal']:.1%})",
                f"{runs['ds_copy']['optimizer_step_s']:.2f}-{runs['ds_copy_again']['optimizer_step_s']:.2f} s to "
                f"{runs['labs_copy']['optimizer_step_s']:.2f} s",
