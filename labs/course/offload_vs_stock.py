@@ -156,7 +156,7 @@ def lines(ab: dict | None = None, found: dict | None = None) -> list[str]:
         f"{per['copy_to_gpu_bf16']:.3f} s "
         "from a page-locked one",
         *stock_search.lines(found["rounds"]),
-        f"deciding: round {found['deciding']}, labs' slower run over stock's fastest {found['conservative']:.2f}x "
+        f"deciding: round {found['deciding']}, labs' slower run over stock's fastest {found['conservative']:.3f}x "
         f"(mean against the mean of stock's runs of that setup {found['of_means']:.2f}x)",
         "largest loss gap over the 6 steps: labs' copy against DeepSpeed's (round 31) {copy_alone:.3f}; labs 8 x 1 "
         "against stock 4 x 2 {labs_vs_stock_4x2:.3f}; stock 2 x 4 against labs' own 2 x 4 (round 26) "
@@ -214,7 +214,7 @@ def plot(ab: dict | None = None, found: dict | None = None, ax=None):
     """Tokens/s of every run: round 31's labs row with DeepSpeed's copy and with labs' on one host, then each of
     rounds 32, 34 and 35 (one machine each): stock's setups and labs' row with its copy."""
     ab, found = ab or copy_ab(), found or stock_best()
-    groups = [("round 31", [(f"labs 8 x 1\n{r['copy']} copy", r["tokens_per_s"], "C0" if r["copy"] == "labs'"
+    groups = [("round 31", [(f"labs 8 x 1\n{r['copy']}\ncopy", r["tokens_per_s"], "C0" if r["copy"] == "labs'"
                              else "C7") for r in ab["runs"].values()])]
     for n, f in found["rounds"].items():
         groups.append((f"round {n}", [(f"stock {r['batch']}\n{r['offloaded']:.0%} {r['checkpointed']}",
@@ -229,7 +229,9 @@ def plot(ab: dict | None = None, found: dict | None = None, ax=None):
             ax.bar(i, value, color=color, width=0.7)
             ax.text(i, value + 60, f"{value:,.0f}", ha="center", fontsize=6.5)
             i += 1
-        ax.axvline(i - 0.5, color="black", linewidth=0.8)
+        if name != groups[-1][0]:
+            ax.axvline(i - 0.5, color="black", linewidth=0.8)
+    ax.set_xlim(-0.6, i - 0.4)
     ax.set_ylim(0, top * 1.08)
     ax.set_xticks(range(i), [label for _, bars in groups for label, _, _ in bars], fontsize=6)
     ax.set_ylabel("tokens/s (one H100)")

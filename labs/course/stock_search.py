@@ -200,6 +200,7 @@ def lines(found: dict | None = None) -> list[str]:
     missed = [r for f in found.values() for r in f["stock"] + f["labs"]
               if abs(r["gpu_gib"] - r["predicted_gpu_gib"]) > 0.1]
     out.append("labs.memory's GPU peak against the measured one: within 0.1 GiB in every run but " + (", ".join(
-        f"{r['run']} (round {r['round']}: predicted {r['predicted_gpu_gib']:.2f}, measured {r['gpu_gib']:.2f})"
+        f"{r['run']} (round {r['round']}: predicted {r['predicted_gpu_gib']:.2f}, measured {r['gpu_gib']:.2f}, "
+        f"{r['predicted_gpu_gib'] - r['gpu_gib']:.1f} GiB high)"
         for r in missed) or "none"))
     return out
