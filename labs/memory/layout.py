@@ -61,7 +61,9 @@ def zero12_grad_elements(layout, world: int) -> list[int]:
 def zero3_partition(layout, world: int, persistence_threshold: float, sub_group_size: float) -> dict:
     """ZeRO-3 splits each parameter on its own (ceil(numel / world) per rank); parameters of at most
     `stage3_param_persistence_threshold` elements also stay whole on every rank. The optimizer steps in
-    sub-groups of about `sub_group_size` partition elements."""
+    sub-groups of about `sub_group_size` partition elements: a parameter closes its sub-group once the sub-group holds
+    that many, and the last parameter closes the last one (stage3.py `_create_fp16_sub_groups`), so no sub-group is
+    empty. The count matters: partial offload keeps the first int((1 - ratio) x count) sub-groups on the GPU."""
     parts = [-(-n // world) for _, n in layout]
     groups, current = [], 0
     for p in parts:
@@ -69,7 +71,8 @@ def zero3_partition(layout, world: int, persistence_threshold: float, sub_group_
         if current >= sub_group_size:
             groups.append(current)
             current = 0
-    groups.append(current)
+    if current or not groups:
+        groups.append(current)
     return dict(partition=sum(parts), persistent=sum(n for _, n in layout if n <= persistence_threshold),
                 largest_sub_group=max(groups), sub_groups=groups)
 
