@@ -19,7 +19,8 @@ from __future__ import annotations
 import json
 
 from labs import memory
-from labs.course.one_card_runs import H100, cpu_model, median_timers, offloaded, round28_run
+from labs.course.one_card_runs import (H100, cpu_model, median_timers, offloaded, offloaded_params, round28_run,
+                                       sub_group_size)
 from labs.metrics import read_jsonl
 
 ROUND31 = H100 / "round31"
@@ -28,18 +29,21 @@ DEFAULT_RUN = H100 / "round33" / "default_copy"       # round 33: the committed 
 
 
 def run(run_dir) -> dict:
-    """One run: engine side, copy, split, offloaded share, checkpointing, tokens/s, MFU, GPU peak against labs.memory,
-    the median forward, backward and optimizer step (steps 3-6), and the loss at every step."""
+    """One run: engine side, copy, split, offloaded share (the setting, and of the parameters), sub-group size,
+    checkpointing, tokens/s, MFU, GPU peak against labs.memory, the median forward, backward and optimizer step (steps
+    3-6), and the loss at every step."""
     summary = json.loads((run_dir / "summary.json").read_text())
     spec = json.loads((run_dir / "run.json").read_text())
     recorded = json.loads((run_dir / "environment.json").read_text())
     seconds = median_timers(run_dir)
+    ds_config = json.loads((run_dir / "ds_config.json").read_text())
+    share, size = offloaded(ds_config), sub_group_size(ds_config)
     # Runs before labs' copy became the default (2026-12-06) recorded only the variable; since, the copy made too.
     labs_copy = "gpu" in (recorded.get("offload_copy"), recorded.get("LABS_OFFLOAD_COPY")) and not spec["stock"]
     return dict(run=run_dir.name, side="stock" if spec["stock"] else "labs",
                 copy="labs'" if labs_copy else "DeepSpeed's",
                 batch=f"{summary['micro_batch']} x {summary['gradient_accumulation']}",
-                offloaded=offloaded(json.loads((run_dir / "ds_config.json").read_text())),
+                offloaded=share, sub_group_size=size, offloaded_params=offloaded_params(share, size, spec["preset"]),
                 checkpointed=summary["activation_checkpointing"], loss=summary["loss"],
                 tokens_per_step=summary["tokens_per_step"], tokens_per_s=summary["tokens_per_s_per_gpu"],
                 mfu=summary["mfu"], mfu_causal=summary["mfu_causal"],

@@ -1,31 +1,33 @@
-"""Stock's offload setups for Qwen2.5-7B on one real H100 at chapter 10's 32,768 tokens per optimizer step, searched
-the way a stock user would: every micro-batch x accumulation split, with and without HF's full checkpointing, and
-DeepSpeed's two memory levers, the offloaded share (`offload_optimizer.ratio`, in hundredths) and `sub_group_size`.
-labs.memory says which setups fit; the runs (results/gpu/one_card_7b_1xh100) say how fast they go:
+"""Stock's offload setups for Qwen2.5-7B on one real H100 at chapter 10's 32,768 tokens per optimizer step: every
+micro-batch x accumulation split, with and without HF's full checkpointing, and DeepSpeed's two memory levers, the
+offloaded share (`offload_optimizer.ratio`, in hundredths) and `sub_group_size`. DeepSpeed offloads whole sub-groups, so
+what the CPU works on is the share of the parameters actually offloaded (one_card_runs.offloaded_params), and that is
+what the search minimises. labs.memory says which setups fit; the runs (results/gpu/one_card_7b_1xh100) say how fast:
 
-- round 32 (a fresh machine): each split at the smallest share in tenths predicted to fit, at DeepSpeed's default
+- round 32 (a fresh machine): each split at the smallest setting in tenths predicted to fit, at DeepSpeed's default
   1e9-parameter sub-groups; labs' row twice;
 - round 34 (another): 2 x 4 at 65% with 5e8 sub-groups twice, 2 x 4 at 70% and 1 x 8 without checkpointing at 80%;
   labs' row twice;
-- round 35 (another): 2 x 4 at 61% with 8e8 sub-groups, the smallest share the search below finds for it, twice;
-  labs' row between.
+- round 35 (another): 2 x 4 at 61% with 8e8 sub-groups twice, labs' row between;
+- round 36 (another): 2 x 4 at 61% with 2e8 sub-groups, the least stock can offload and fit at its fastest split
+  (grid(), once labs.memory counted sub-groups as DeepSpeed does), then labs' row.
 
-Every ratio divides a labs run by a stock run of the same round: the host drifts between machines (labs' own row ran
-6,076-6,516 tokens/s on four of them).
+Every ratio divides a labs run by a stock run of the same round: hosts differ (labs' row ran 5,939-6,516 tokens/s
+across rounds 31-36, printed by lines()).
 
-    stock_search.grid()      # per split and checkpointing: the smallest share predicted to fit, and what ran there
+    stock_search.grid()      # per split and checkpointing: the least offloaded that fits, and the setting for it
     stock_search.rounds()    # each round's runs, stock's fastest and labs' slower, and their ratio
-    stock_search.unrun()     # cells whose smallest fitting share was not run, with an estimate each (not a run)
+    stock_search.unrun()     # cells not run at their least offloaded, with an estimate each (not a run)
+    stock_search.table(), .lines()   # chapter 10's cells
 """
 from __future__ import annotations
 
 import functools
-import json
 
 from labs import config as config_lib
 from labs import memory
 from labs.course.offload_copy_report import run
-from labs.course.one_card_runs import H100, cpu_model
+from labs.course.one_card_runs import H100, cpu_model, offloaded_params
 from labs.table import Table
 
 STOCK_CONFIG = "bench/stock_zero3_offload.json"
@@ -33,11 +35,11 @@ ROUNDS = {   # round: (stock runs, labs runs), each in the order they ran
     "32": (("stock70_mb2", "stock60_mb1", "stock70_mb2_again", "stock80_mb4"), ("labs_copy", "labs_copy_again")),
     "34": (("stock65_sg5", "stock70_mb2", "stock80_mb1_nock", "stock65_sg5_again"), ("labs_copy", "labs_copy_again")),
     "35": (("stock61_sg8", "stock61_sg8_again"), ("labs_copy",)),
+    "36": (("stock61_sg2",), ("labs_copy",)),
 }
 SPLITS = ((1, 8), (2, 4), (4, 2), (8, 1))
 CHECKPOINTING = ("full", "none")
 SUB_GROUPS = (2e8, 3e8, 5e8, 8e8, 1e9)          # DeepSpeed's default is 1e9
-DEFAULT_SUB_GROUP = 1e9
 
 
 def sub_groups_text(size: float) -> str:
@@ -46,7 +48,7 @@ def sub_groups_text(size: float) -> str:
 
 
 def stock_config(share: float, sub_group: float) -> dict:
-    """bench/stock_zero3_offload.json (DeepSpeed's defaults) with the offloaded share and the sub-group size set."""
+    """bench/stock_zero3_offload.json (stock ZeRO-3 offload, no labs settings) with the share and sub-group size set."""
     ds_config = config_lib.load(STOCK_CONFIG)
     ds_config["zero_optimization"]["offload_optimizer"]["ratio"] = share
     ds_config["zero_optimization"]["sub_group_size"] = int(sub_group)
@@ -61,7 +63,8 @@ def predict(micro_batch: int, grad_accum: int, checkpointing: str, share: float,
 
 
 def host_gib() -> float:
-    """The rounds' host memory, `free -g`'s total (125 GiB on every machine of rounds 32-35)."""
+    """The rounds' host memory, `free -g`'s total (125 GiB on every machine of rounds 32-36). The search checks a
+    setup's predicted host memory against all of it, which favours stock (chapter 10's recipe asks a tenth more)."""
     totals = {int(next(line for line in (H100 / f"round{n}" / "host_memory.txt").read_text().splitlines()
                        if line.startswith("Mem:")).split()[1]) for n in ROUNDS}
     assert len(totals) == 1, totals
@@ -70,9 +73,10 @@ def host_gib() -> float:
 
 @functools.lru_cache(maxsize=None)
 def grid() -> tuple[dict, ...]:
-    """Per split and checkpointing, the smallest offloaded share (hundredths, over SUB_GROUPS) labs.memory predicts to
-    fit the usable H100 and the host: the least CPU work, which round 32's runs made stock's fastest at each split.
-    A share past the smallest only adds CPU work. Cells where nothing fits carry their smallest GPU peak instead."""
+    """Per split and checkpointing, the setting (share in hundredths, sub-group size from SUB_GROUPS) that offloads
+    the fewest parameters while labs.memory predicts it to fit the usable H100 and the host: the least CPU work (more
+    offloaded only adds CPU Adam and copies). Cells where nothing fits carry their smallest GPU peak instead (the
+    host is never the limit there)."""
     usable, host = memory.usable_bytes("H100") / 2**30, host_gib()
     cells = []
     for (micro_batch, grad_accum), checkpointing in ((s, c) for s in SPLITS for c in CHECKPOINTING):
@@ -82,12 +86,13 @@ def grid() -> tuple[dict, ...]:
                 p = predict(micro_batch, grad_accum, checkpointing, share, sub_group)
                 gpu, host_need = p.total_per_gpu_bytes / 2**30, p.host_per_node_bytes / 2**30
                 if gpu <= usable and host_need <= host:
-                    fits.append(dict(offloaded=share, sub_group_size=sub_group, gpu_gib=gpu, host_gib=host_need))
+                    fits.append(dict(offloaded=share, sub_group_size=sub_group, gpu_gib=gpu, host_gib=host_need,
+                                     offloaded_params=offloaded_params(share, sub_group)))
                     break
         cell = dict(batch=f"{micro_batch} x {grad_accum}", checkpointed=checkpointing, usable_gib=usable,
                     host_limit_gib=host)
-        if fits:      # the smallest share; among equal shares the sub-group size nearest DeepSpeed's default
-            cell.update(min(fits, key=lambda f: (f["offloaded"], -f["sub_group_size"])), fits=True)
+        if fits:      # the least offloaded; among equal, the sub-group size nearest DeepSpeed's default
+            cell.update(min(fits, key=lambda f: (round(f["offloaded_params"], 4), -f["sub_group_size"])), fits=True)
         else:
             peaks = [predict(micro_batch, grad_accum, checkpointing, 1.0, g).total_per_gpu_bytes for g in SUB_GROUPS]
             cell.update(fits=False, smallest_gpu_gib=min(peaks) / 2**30)
@@ -101,9 +106,7 @@ def rounds() -> dict[str, dict]:
     found = {}
     for n, (stock_names, labs_names) in ROUNDS.items():
         folder = H100 / f"round{n}"
-        stock = [dict(run(folder / name), round=n, sub_group_size=_sub_group(folder / name)) for name in stock_names]
-        labs_runs = [dict(run(folder / name), round=n, sub_group_size=_sub_group(folder / name))
-                     for name in labs_names]
+        stock, labs_runs = ([_run(folder / name, n) for name in names] for names in (stock_names, labs_names))
         assert len({r["tokens_per_step"] for r in stock + labs_runs}) == 1, "like for like: the same tokens per step"
         best = max(stock, key=lambda r: r["tokens_per_s"])
         slower = min(labs_runs, key=lambda r: r["tokens_per_s"])
@@ -112,9 +115,9 @@ def rounds() -> dict[str, dict]:
     return found
 
 
-def _sub_group(run_dir) -> float:
-    zero = json.loads((run_dir / "ds_config.json").read_text())["zero_optimization"]
-    return float(zero.get("sub_group_size", DEFAULT_SUB_GROUP))
+def _run(run_dir, round_name: str) -> dict:
+    """offload_copy_report.run with the round it belongs to."""
+    return dict(run(run_dir), round=round_name)
 
 
 def ran_at(cell: dict, found: dict) -> list[dict]:
@@ -124,21 +127,20 @@ def ran_at(cell: dict, found: dict) -> list[dict]:
 
 
 def unrun(found: dict | None = None) -> list[dict]:
-    """Cells whose smallest fitting share no round ran, each with an estimate (an inference, not a run) from the run of
-    that cell at the nearest share: its optimizer step scaled by the share (CPU Adam and the copies scale with it), the
-    rest kept. An upper bound, as far as rounds 34 and 35 tell: at 2 x 4, going from 70% to 65% and 61% on one host
-    moved stock by less than the estimate says (printed by chapter 10). The ratio is labs' slower run of that run's
-    round over the estimate."""
+    """Cells where no round ran as few parameters offloaded as the least that fits (within half a percent), each with
+    an estimate (an inference, not a run) from the cell's run with the fewest offloaded: its optimizer step scaled by
+    the parameters offloaded (CPU Adam and the copies scale with them), the rest kept. The ratio is labs' slower run of
+    that run's round over the estimate."""
     found = found or rounds()
     rows = []
     for cell in grid():
         runs = ran_at(cell, found)
-        if not cell["fits"] or any(r["offloaded"] <= cell["offloaded"] for r in runs):
+        if not cell["fits"] or any(r["offloaded_params"] <= cell["offloaded_params"] + 0.005 for r in runs):
             continue
         assert runs, f"no run at {cell['batch']}, checkpointing {cell['checkpointed']}"
-        nearest = min(runs, key=lambda r: (r["offloaded"], -r["tokens_per_s"]))
-        step_s = (nearest["tokens_per_step"] / nearest["tokens_per_s"]
-                  - nearest["optimizer_step_s"] * (1 - cell["offloaded"] / nearest["offloaded"]))
+        nearest = min(runs, key=lambda r: (r["offloaded_params"], -r["tokens_per_s"]))
+        step_s = (nearest["tokens_per_step"] / nearest["tokens_per_s"] - nearest["optimizer_step_s"]
+                  * (1 - cell["offloaded_params"] / nearest["offloaded_params"]))
         estimate = nearest["tokens_per_step"] / step_s
         rows.append(dict(cell, estimated_from=f"{nearest['round']} {nearest['run']}", estimated_tokens_per_s=estimate,
                          labs_over_estimate=found[nearest["round"]]["labs_slower"]["tokens_per_s"] / estimate))
@@ -146,61 +148,55 @@ def unrun(found: dict | None = None) -> list[dict]:
 
 
 def table(found: dict | None = None) -> Table:
-    """The grid as chapter 10 shows it: per split and checkpointing, the smallest share predicted to fit (or the
-    smallest peak where none does), the stock runs there, and the estimate where the smallest share was not run."""
+    """The grid as chapter 10 shows it: per split and checkpointing, the setting that offloads the fewest parameters
+    and fits (or the smallest peak where none does), the stock runs there round by round, and the estimate where the
+    least was not run."""
     found = found or rounds()
     estimates = {(u["batch"], u["checkpointed"]): u for u in unrun(found)}
     rows = []
     for cell in grid():
         estimate = estimates.get((cell["batch"], cell["checkpointed"]))
-        setups = {}
-        for r in ran_at(cell, found):
-            setups.setdefault((r["offloaded"], r["sub_group_size"]), []).append(r["tokens_per_s"])
-        spans = {setup: "-".join(f"{v:,.0f}" for v in sorted({min(speeds), max(speeds)}))
-                 for setup, speeds in setups.items()}
-        ran = "; ".join(f"{share:.0%} {sub_groups_text(size)}: {spans[share, size]}"
-                        for share, size in sorted(spans, reverse=True))
+        ran = "; ".join(f"{r['round']}: {r['offloaded_params']:.1%} {r['tokens_per_s']:,.0f}"
+                        for r in ran_at(cell, found))
         rows.append({"batch": cell["batch"], "checkpointed": cell["checkpointed"],
-                     "smallest share that fits, sub-groups": (f"{cell['offloaded']:.0%}, "
-                                                              f"{sub_groups_text(cell['sub_group_size'])}"
-                                                              if cell["fits"] else "none"),
+                     "least offloaded that fits (setting, sub-groups)": (
+                         f"{cell['offloaded_params']:.1%} ({cell['offloaded']:.0%}, "
+                         f"{sub_groups_text(cell['sub_group_size'])})" if cell["fits"] else "none"),
                      "predicted GPU, host (GiB)": (f"{cell['gpu_gib']:.1f}, {cell['host_gib']:.1f}" if cell["fits"]
                                                    else f"{cell['smallest_gpu_gib']:.1f} at 100%"),
-                     "stock runs (share, sub-groups: tokens/s)": ran or "-",
-                     "estimate at the smallest share (not a run)": (
-                         f"{estimate['estimated_tokens_per_s']:,.0f} (from {estimate['estimated_from']}; labs "
-                         f"{estimate['labs_over_estimate']:.2f}x)" if estimate else "-")})
+                     "stock runs (round: offloaded, tokens/s)": ran or "-",
+                     "estimate there (not a run): tokens/s, labs' slower run of that round over it": (
+                         f"{estimate['estimated_tokens_per_s']:,.0f} (from {estimate['estimated_from']}), "
+                         f"{estimate['labs_over_estimate']:.2f}x" if estimate else "-")})
     return Table(rows, list(rows[0]))
 
 
 def lines(found: dict | None = None) -> list[str]:
-    """Each round's ratio on its host; stock's 2 x 4 by share (the lever the search turns); the one ratio across
-    machines, which is not like for like; and where labs.memory's GPU peak missed a run by more than 0.1 GiB."""
+    """The fit limits; each round's ratio on its host; labs' row across machines; the one ratio across machines,
+    which is not like for like; and where labs.memory's GPU peak missed a run by more than 0.1 GiB."""
     found = found or rounds()
-    out = [f"round {n} (CPU model {f['cpu_model']}): stock's fastest {f['best']['tokens_per_s']:,.0f} tokens/s "
-           f"({f['best']['run']}: {f['best']['batch']}, {f['best']['offloaded']:.0%} offloaded, "
-           f"{sub_groups_text(f['best']['sub_group_size'])} sub-groups, checkpointing {f['best']['checkpointed']}); "
-           "labs' row "
-           + " and ".join(f"{r['tokens_per_s']:,.0f}" for r in f["labs"]) + f": labs' slower over stock's fastest "
-           f"{f['ratio']:.2f}x" for n, f in found.items()]
-    by_share = {}
-    for f in found.values():
-        for r in f["stock"]:
-            if (r["batch"], r["checkpointed"]) == ("2 x 4", "full"):
-                by_share.setdefault((r["offloaded"], r["sub_group_size"]), []).append(r)
-    out.append("stock 2 x 4 by offloaded share: " + "; ".join(
-        f"{share:.0%} ({sub_groups_text(sub_group)}): "
-        + ", ".join(f"{r['tokens_per_s']:,.0f} (round {r['round']})" for r in runs)
-        for (share, sub_group), runs in sorted(by_share.items(), reverse=True)))
+    cell = grid()[0]
+    out = [f"fits: labs.memory's GPU peak at most {cell['usable_gib']:.1f} GiB (an H100's usable memory) and its host "
+           f"memory at most {cell['host_limit_gib']:.0f} GiB (the rounds' hosts)"]
+    out += [f"round {n} (CPU model {f['cpu_model']}): stock's fastest {f['best']['tokens_per_s']:,.0f} tokens/s "
+            f"({f['best']['run']}: {f['best']['batch']}, {f['best']['offloaded_params']:.1%} of the parameters "
+            f"offloaded, checkpointing {f['best']['checkpointed']}); labs' row "
+            + " and ".join(f"{r['tokens_per_s']:,.0f}" for r in f["labs"]) + f" (optimizer step "
+            + " and ".join(f"{r['optimizer_step_s']:.2f}" for r in f["labs"]) + f" s): labs' slower over stock's "
+            f"fastest {f['ratio']:.2f}x" for n, f in found.items()]
+    labs_runs = [r for f in found.values() for r in f["labs"]]
+    steps = [r["optimizer_step_s"] for r in labs_runs]
+    speeds = [r["tokens_per_s"] for r in labs_runs]
+    out.append(f"labs' row in these {len(found)} rounds (one machine each): {min(speeds):,.0f}-{max(speeds):,.0f} "
+               f"tokens/s, optimizer step {min(steps):.2f}-{max(steps):.2f} s")
     stock = max((r for f in found.values() for r in f["stock"]), key=lambda r: r["tokens_per_s"])
-    labs_slowest = min((r for f in found.values() for r in f["labs"]), key=lambda r: r["tokens_per_s"])
+    labs_slowest = min(labs_runs, key=lambda r: r["tokens_per_s"])
     out.append(f"across machines, not like for like: labs' slowest run of all ({labs_slowest['tokens_per_s']:,.0f}, "
                f"round {labs_slowest['round']}) over stock's fastest of all ({stock['tokens_per_s']:,.0f}, round "
                f"{stock['round']}): {labs_slowest['tokens_per_s'] / stock['tokens_per_s']:.2f}x")
     missed = [r for f in found.values() for r in f["stock"] + f["labs"]
               if abs(r["gpu_gib"] - r["predicted_gpu_gib"]) > 0.1]
-    out.append("labs.memory's GPU peak against the measured one: within 0.1 GiB in every run but " + (", ".join(
-        f"{r['run']} (round {r['round']}: predicted {r['predicted_gpu_gib']:.2f}, measured {r['gpu_gib']:.2f}, "
-        f"{r['predicted_gpu_gib'] - r['gpu_gib']:.1f} GiB high)"
-        for r in missed) or "none"))
+    out.append("labs.memory's GPU peak against the measured one: " + ("; ".join(
+        f"{r['run']} (round {r['round']}) predicted {r['predicted_gpu_gib']:.2f}, measured {r['gpu_gib']:.2f}"
+        for r in missed) if missed else "within 0.1 GiB in every run"))
     return out
