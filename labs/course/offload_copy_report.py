@@ -61,12 +61,12 @@ def copy_ab() -> dict:
     parts = json.loads((ROUND31 / "offload_step_parts.txt").read_text().splitlines()[-1])
     labs_run = runs["labs_copy"]
     params = json.loads((ROUND31 / "labs_copy" / "summary.json").read_text())["params"]
-    offloaded_params = labs_run["offloaded"] * params
+    params_offloaded = labs_run["offloaded_params"] * params          # whole sub-groups: 71.4% at the 70% setting
     keys = ("copy_to_gpu_bf16_pageable_s", "copy_to_gpu_bf16_s", "copy_to_gpu_fp32_pageable_s", "register_s",
             "copy_to_gpu_fp32_registered_s", "cpu_adam_s", "cast_on_host_s")
     per = {k[:-2]: parts[k] for k in keys}
-    return dict(runs=runs, cpu_model=cpu_model(ROUND31 / "cpu.txt"), offloaded_params=offloaded_params, per_1e9=per,
-                scaled={k[:-2]: parts[k] * offloaded_params / parts["numel"] for k in keys},
+    return dict(runs=runs, cpu_model=cpu_model(ROUND31 / "cpu.txt"), offloaded_params=params_offloaded, per_1e9=per,
+                scaled={k[:-2]: parts[k] * params_offloaded / parts["numel"] for k in keys},
                 # GB/s of fp32 from pageable and from page-locked memory; DeepSpeed's copy as its two halves: the cast
                 # on the host, then the bf16 result (a pageable temporary) crossing at the pageable rate
                 pageable_gb_s=4 / per["copy_to_gpu_fp32_pageable"], locked_gb_s=4 / per["copy_to_gpu_fp32_registered"],
@@ -82,8 +82,8 @@ def predicted_saving_s() -> float:
     cast copy DeepSpeed makes less the uncast fp32 copy from page-locked memory, scaled to the parameters whose
     optimizer state round 28's 7B row offloaded (the row chapter 10's sizing section prints)."""
     parts = json.loads((H100 / "round29" / "offload_step_parts.txt").read_text().splitlines()[-1])
-    _, offloaded_params, _ = round28_run()
-    return (parts["copy_to_gpu_bf16_s"] - parts["copy_to_gpu_fp32_s"]) * offloaded_params / parts["numel"]
+    _, params_offloaded, _ = round28_run()
+    return (parts["copy_to_gpu_bf16_s"] - parts["copy_to_gpu_fp32_s"]) * params_offloaded / parts["numel"]
 
 
 def default_run() -> dict:

@@ -18,7 +18,8 @@ import re
 from labs import memory
 from labs.bench import offload_plan
 from labs.course import gpu_report, host_samples, offload_copy_report, one_gpu_report
-from labs.course.one_card_runs import H100, H200, card_bytes, cpu_model, median_timers, offloaded, round28_run
+from labs.course.one_card_runs import (H100, H200, card_bytes, cpu_model, median_timers, offloaded, offloaded_params,
+                                       round28_run, sub_group_size)
 from labs.table import Table
 
 # (card, round, run folder): 8 x 1, 4 x 2 and 2 x 4 on the capped H200; 8 x 1 on an H100 in round 24, then 4 x 2 and
@@ -52,7 +53,8 @@ def rows() -> list[dict]:
         found.append(dict(card=card, round=round_, run=run_dir.name,
                           batch=f"{summary['micro_batch']} x {summary['gradient_accumulation']}",
                           checkpointed=summary["activation_checkpointing"], fewest_checkpointed=fewest["checkpointed"],
-                          offloaded=offloaded(ds_config),
+                          offloaded=offloaded(ds_config), offloaded_params=offloaded_params(
+                              offloaded(ds_config), sub_group_size(ds_config)),
                           tokens_per_s_per_gpu=summary["tokens_per_s_per_gpu"], mfu=summary["mfu"],
                           mfu_causal=summary["mfu_causal"], tokens_per_step=summary["tokens_per_step"],
                           gpu_gib=max(summary["peak_memory_bytes"]) / 2**30,
@@ -79,7 +81,7 @@ def cpu_adam() -> dict:
 
 def step_parts() -> dict:
     """Round 29's parts of ZeRO-3's offloaded step (tools/offload_step_parts.py, 10^9 parameters, every core, the
-    master page-locked), each scaled to the 5.33 B parameters the 7B row offloads, and the sum of the three that
+    master page-locked), each scaled to the parameters the 7B row offloads, and the sum of the three that
     stage3.py's loop runs (unscale-and-clip, CPU Adam, the copy back; DeepSpeed takes offloaded gradients' norms on
     the GPU during backward); CPU Adam alone on that host (labs.course.offload's benchmark); round 30's two runs of
     that row on one host, DeepSpeed's copy of the updated weights and one cast on the GPU from the pageable masters:
@@ -128,7 +130,8 @@ def lines(measured: list[dict] | None = None) -> list[str]:
     run_h = gpu_report.result_file(gpu_report.RUNS["cap"])["cases"][two_cards["labs"]]["summary"]
     speeds = [r["tokens_per_s_per_gpu"] for r in on_h100]
     return [
-        f"all with {fastest['offloaded']:.0%} of the optimizer offloaded; round 26, the 7B on one H200 under "
+        f"all with {fastest['offloaded']:.0%} of the optimizer offloaded (whole sub-groups: "
+        f"{fastest['offloaded_params']:.1%} of the parameters); round 26, the 7B on one H200 under "
         f"labs.card_cap's H100 cap (the card's {card['capacity']:.2f} GiB as torch sees it, less what the process "
         f"holds outside PyTorch), host {fastest['host_total_gib']:.0f} GiB by free -g: fastest at {fastest['batch']}, "
         f"{fastest['tokens_per_s_per_gpu']:,.0f} tokens/s at {fastest['tokens_per_step']:,} tokens per optimizer step",
