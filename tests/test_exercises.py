@@ -31,8 +31,10 @@ from labs.course import exercises
     ("10.2", 4 * 7_615_616_512 / 46.5e9, 2 * 7_615_616_512 / 46.5e9),   # fp32 crosses, cast on the GPU after
     # the 8 x 1 native row (128.7 GiB) plus each bf16 gradient waiting on the host, not an fp32 one
     ("10.4", 128.68 + 2 * 7_615_616_512 / 2**30, 128.68 + 4 * 7_615_616_512 / 2**30),
-    # round 29's cast copy less the uncast one from page-locked memory, over 0.7 of the 7B: not the whole cast copy
-    ("10.5", (0.37528 - 0.07328) * 0.7 * 7_615_616_512 / 1e9, 0.37547 * 0.7 * 7_615_616_512 / 1e9),
+    # round 29's cast copy less the uncast one from page-locked memory, over the 5.44 B offloaded (whole sub-groups at
+    # the 70% setting): not the whole cast copy
+    ("10.5", (0.37528 - 0.07328) * 5_439_221_760 / 1e9, 0.37547 * 5_439_221_760 / 1e9),
+    ("10.6", 4, 5),                                 # int(0.35 x 14) keeps 4, not round()'s 5
 ])
 def test_checkers_accept_the_answer_and_reject_others(id, right, wrong, capsys):
     unanswered = (exercises.check(id, None), capsys.readouterr().out)

@@ -3,6 +3,7 @@ expected answer is labs' formula, DeepSpeed's own CPU Adam op, or the recorded G
 and the tolerance is what the reasoning can be expected to reach."""
 from labs import models
 from labs.bench import offload_plan
+from labs.memory.layout import param_layout, zero3_gpu_sub_groups, zero3_partition
 from labs.course import offload_copy_report, zenflow_moments_report, zenflow_report
 from labs.course.exercises.registry import exercise
 
@@ -68,3 +69,24 @@ def _native_pinning_split_host_7b():
                "first step")
 def _copy_saving_7b():
     return offload_copy_report.predicted_saving_s()
+
+
+def _sub_groups_5e8() -> list[int]:
+    """The 7B's ZeRO-3 sub-groups at 5e8 elements, one rank, as DeepSpeed cuts them (labs.memory.layout)."""
+    return zero3_partition(param_layout(models.PRESETS["qwen2.5-7b"]), 1, 1e6, 5e8)["sub_groups"]
+
+
+_GROUPS = _sub_groups_5e8()
+
+
+@exercise("10.6", "DeepSpeed's ZeRO-3 steps the optimizer in sub-groups: it walks the parameters in model order "
+          "(embedding first, lm_head last) and closes a sub-group once it holds sub_group_size elements, so at 5e8 "
+          f"the 7B's {sum(_GROUPS) / 1e9:.2f} B parameters make {len(_GROUPS)} sub-groups (the embedding alone, "
+          f"{len(_GROUPS) - 2} of {min(_GROUPS[1:-1]) / 1e9:.2f}-{max(_GROUPS[1:-1]) / 1e9:.2f} B, lm_head alone). "
+          "Partial offload keeps the first int((1 - ratio) x count) on the GPU. Round 34's stock run set ratio 0.65: "
+          "how many sub-groups stayed on the GPU?", "sub-groups", rel=0,
+          hint="(1 - 0.65) x the count is not a whole number, and int() drops the fraction: fewer sub-groups than "
+               "rounding would keep, so more of the parameters are offloaded than the setting says")
+def _gpu_sub_groups_at_65():
+    z3 = zero3_partition(param_layout(models.PRESETS["qwen2.5-7b"]), 1, 1e6, 5e8)
+    return len(zero3_gpu_sub_groups(z3, {"offload_ratio": 0.65}))
