@@ -69,7 +69,7 @@ def test_the_readme_quotes_the_readings():
     others = " and ".join(f"{f['ratio']:.2f}x" for n, f in found["rounds"].items() if n != found["deciding"])
     figures = [f"{best['tokens_per_s']:,.0f}: ZeRO-3 with {best['offloaded_params']:.1%} of the parameters'",
                f"{slower['tokens_per_s']:,.0f}: ZeRO-3 with {slower['offloaded_params']:.1%} offloaded",
-               f"{found['conservative']:.2f}x (labs' slower run, round {found['deciding']}); not met: "
+               f"{found['conservative']:.2f}x (labs' slower run, round {found['deciding']}): not met; "
                + others.replace(" and ", ", ", len(found["rounds"]) - 3),
                f"{slower['mfu']:.1%} ({slower['mfu_causal']:.1%})",
                f"{runs['ds_copy']['optimizer_step_s']:.2f}-{runs['ds_copy_again']['optimizer_step_s']:.2f} s to "

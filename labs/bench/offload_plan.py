@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 
 from labs import CONFIGS, config, memory, models
+from labs.memory import layout
 from labs.memory.units import GiB
 
 SEQ_LEN = 4096
@@ -64,8 +65,8 @@ def fewest_checkpointed(preset: str, ds_config: dict, card, micro_batch: int, gr
 
 def rows(preset: str = "qwen2.5-7b", cards=CARDS, gpus: int = 1, batch_per_gpu: int = 8,
          seq_len: int = SEQ_LEN) -> list[dict]:
-    """One row per card, setup and split that fits, in that order (ZeRO-3's: its smallest offloaded share that fits);
-    `host_gib` is per node (`gpus` ranks)."""
+    """One row per card, setup and split that fits, in that order (ZeRO-3's: its smallest offloaded share that fits,
+    and the share of the parameters that setting offloads); `host_gib` is per node (`gpus` ranks)."""
     out = []
     for card in cards:
         for setup, how in SETUPS.items():
@@ -74,7 +75,11 @@ def rows(preset: str = "qwen2.5-7b", cards=CARDS, gpus: int = 1, batch_per_gpu: 
                     found = fewest_checkpointed(preset, setup_config(how["config"], ratio), card, micro_batch,
                                                 grad_accum, gpus, seq_len, how.get("host_pinning", "torch"))
                     if found:
+                        share = 1.0 if ratio is None else ratio
+                        sub_group = config.load(how["config"])["zero_optimization"].get("sub_group_size", 1e9)
+                        params_share = share if share == 1.0 else layout.zero3_offloaded_share(
+                            models.shape(preset), share, sub_group)       # whole sub-groups: more than the setting
                         out.append(dict(card=card, setup=setup, batch=f"{micro_batch} x {grad_accum}",
-                                        offloaded=1.0 if ratio is None else ratio, config=how["config"], **found))
+                                        offloaded=share, offloaded_params=params_share, config=how["config"], **found))
                         break
     return out

@@ -12,7 +12,8 @@ offloaded, 8 x 1, 25 layers checkpointed, 32,768 tokens per optimizer step, 6 st
     offload_copy_report.predicted_saving_s()   # exercise 10.5's answer, from round 29's parts
     offload_copy_report.default_run()     # round 33
 
-labs.course.offload_vs_stock puts labs' row against stock's offload setups (round 32) and shows both in chapter 10.
+labs.course.offload_vs_stock puts labs' row against stock's offload setups (rounds 32 and 34-36, labs.course
+.stock_search) and shows both in chapter 10.
 """
 from __future__ import annotations
 

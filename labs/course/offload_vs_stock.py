@@ -1,5 +1,5 @@
 """Chapter 10's 7B row with labs' copy against stock's offload setups on the same card, at the same 32,768 tokens per
-optimizer step: rounds 32, 34 and 35 (results/gpu/one_card_7b_1xh100, three machines), each with stock's setups and
+optimizer step: rounds 32 and 34-36 (results/gpu/one_card_7b_1xh100, one machine each), each with stock's setups and
 labs' row on one host; labs.course.stock_search says which stock setups fit and reads the runs. With round 31's A/B
 (labs.course.offload_copy_report), what chapter 10 shows.
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 
 import matplotlib.pyplot as plt
 import torch
@@ -91,16 +92,16 @@ def target(found: dict | None = None) -> dict:
 
 
 def table(found: dict | None = None, ab: dict | None = None) -> Table:
-    """Round 31's runs and those of rounds 32, 34 and 35 as chapter 10 shows them, round by round."""
+    """Round 31's runs and those of the rounds against stock as chapter 10 shows them, round by round."""
     found, ab = found or stock_best(), ab or copy_ab()
     rows = [dict(r, round="31") for r in ab["runs"].values()] + [
         r for f in found["rounds"].values() for r in f["stock"] + f["labs"]]
-    columns = ["round", "run", "side, copy", "batch", "offloaded: setting, sub-groups (of params)", "checkpointed",
+    columns = ["round", "run", "side, copy", "batch", "params offloaded (ratio, sub_group_size)", "checkpointed",
                "tokens/s", "MFU (causal)", "GPU peak measured, predicted (GiB)", "fwd + bwd (s)", "optimizer step (s)"]
     return Table([{"round": r["round"], "run": r["run"], "side, copy": f"{r['side']}, {r['copy']}", "batch": r["batch"],
-                   "offloaded: setting, sub-groups (of params)": (
-                       f"{r['offloaded']:.0%}, {stock_search.sub_groups_text(r['sub_group_size'])} "
-                       f"({r['offloaded_params']:.1%})"),
+                   "params offloaded (ratio, sub_group_size)": (
+                       f"{r['offloaded_params']:.1%} ({r['offloaded']:.0%}, "
+                       f"{stock_search.sub_groups_text(r['sub_group_size'])})"),
                    "checkpointed": r["checkpointed"], "tokens/s": f"{r['tokens_per_s']:,.0f}",
                    "MFU (causal)": f"{r['mfu']:.1%} ({r['mfu_causal']:.1%})",
                    "GPU peak measured, predicted (GiB)": f"{r['gpu_gib']:.2f}, {r['predicted_gpu_gib']:.2f}",
@@ -109,7 +110,7 @@ def table(found: dict | None = None, ab: dict | None = None) -> Table:
 
 
 def losses(found: dict | None = None, ab: dict | None = None) -> Table:
-    """The loss at every step of every run of rounds 31-35, and of labs' 2 x 4 of round 26 (capped H200)."""
+    """The loss at every step of every run of rounds 31-36, and of labs' 2 x 4 of round 26 (capped H200)."""
     found, ab = found or stock_best(), ab or copy_ab()
     runs = sorted([(f"31 {r['run']}", r) for r in ab["runs"].values()] + [("33 default_copy", default_run())] +
                   [(f"{r['round']} {r['run']}", r) for f in found["rounds"].values() for r in f["stock"] + f["labs"]],
@@ -121,18 +122,22 @@ def losses(found: dict | None = None, ab: dict | None = None) -> Table:
     return Table(rows, ["run", "side, batch"] + [f"step {i}" for i in range(1, 7)])
 
 
+def corpus_sequences(seq_len: int = 4096) -> int:
+    """How many sequences of seq_len tokens the default corpus packs into (the runs' data)."""
+    return data.pack(data.corpus_tokens(None), seq_len).shape[0]
+
+
 def step_sequences(micro_batch: int, grad_accum: int, step: int, seq_len: int = 4096) -> list[int]:
     """Which sequences of the default corpus (the runs' data) an optimizer step trains on at a split, as labs.data deals
     them to one rank with seed 0: the split changes a step's sequences only where an epoch ends inside the step."""
-    count = data.pack(data.corpus_tokens(None), seq_len).shape[0]
-    batches = data.rank_batches(torch.arange(count).view(-1, 1), micro_batch, 0, 1, 0)
+    batches = data.rank_batches(torch.arange(corpus_sequences(seq_len)).view(-1, 1), micro_batch, 0, 1, 0)
     taken = list(itertools.islice(batches, grad_accum * step))[grad_accum * (step - 1):]
     return sorted(int(i) for batch in taken for i in batch.view(-1))
 
 
 def lines(ab: dict | None = None, found: dict | None = None) -> list[str]:
-    """What chapter 10 prints: round 31's A/B, the copy's parts and exercise 10.5's prediction, rounds 32, 34 and
-    35 against stock (stock_search.lines), the losses, and round 33's default."""
+    """What chapter 10 prints: round 31's A/B, the copy's parts and exercise 10.5's prediction, the rounds against
+    stock (stock_search.lines), the losses, and round 33's default."""
     ab, found = ab or copy_ab(), found or stock_best()
     runs, scaled, per = ab["runs"], ab["scaled"], ab["per_1e9"]
     default = default_run()
@@ -161,7 +166,8 @@ def lines(ab: dict | None = None, found: dict | None = None) -> list[str]:
         "largest loss gap over the 6 steps: labs' copy against DeepSpeed's (round 31) {copy_alone:.3f}; labs 8 x 1 "
         "against stock 4 x 2 {labs_vs_stock_4x2:.3f}; stock 2 x 4 against labs' own 2 x 4 (round 26) "
         "{stock_vs_labs_2x4:.3f} nats".format(**loss_gaps(found, ab)),
-        "step 4's sequences (labs.data, the default corpus): " + "; ".join(
+        f"step 4's sequences (labs.data, the default corpus: {corpus_sequences()} sequences of 4,096 tokens): "
+        + "; ".join(
             f"{m} x {g}: {step_sequences(m, g, 4)}" for m, g in ((8, 1), (4, 2), (2, 4), (1, 8))),
         f"round 33 (a third machine, CPU model {default['cpu_model']}), the committed default with "
         f"LABS_OFFLOAD_COPY {default['variable'] or 'unset'}: recorded copy '{default['recorded_copy']}', "
@@ -202,7 +208,7 @@ def recipe() -> list[str]:
     spec = json.loads((row["folder"] / "run.json").read_text())
     resolved = json.loads((row["folder"] / "ds_config.json").read_text())
     sequences = resolved["train_micro_batch_size_per_gpu"] * resolved["gradient_accumulation_steps"]
-    return [f"# one GPU of 80 GB, a host with at least {1.1 * host_gib:.0f} GiB (labs.memory predicts "
+    return [f"# one GPU of 80 GB, a host with at least {math.ceil(1.1 * host_gib)} GiB (labs.memory predicts "
             f"{host_gib:.1f} for the training process, plus a tenth); {spec['seq_len']:,} tokens per sequence "
             f"(the preset's default), {sequences} sequences per optimizer step; 'bench/...' names a config under "
             "ds_configs/; --steps defaults to 30",
@@ -220,7 +226,8 @@ def plot(ab: dict | None = None, found: dict | None = None, ax=None):
     for n, f in found["rounds"].items():
         groups.append((f"round {n}", [(f"stock {r['batch']}\n{r['offloaded_params']:.0%} off.\n"
                                        f"ck {r['checkpointed']}", r["tokens_per_s"], "C1") for r in f["stock"]] +
-                       [("labs 8 x 1", r["tokens_per_s"], "C0") for r in f["labs"]], 1.5 * f["best"]["tokens_per_s"]))
+                       [(f"labs 8 x 1\n{r['offloaded_params']:.0%} off.\nck {r['checkpointed']}", r["tokens_per_s"],
+                         "C0") for r in f["labs"]], 1.5 * f["best"]["tokens_per_s"]))
     ax = ax or plt.subplots(figsize=(13, 3.8))[1]
     top = max(value for _, bars, _ in groups for _, value, _ in bars) * 1.12
     i = 0

@@ -7,7 +7,7 @@ import json
 import statistics
 
 from labs import RESULTS, models
-from labs.memory.layout import param_layout, zero3_gpu_sub_groups, zero3_partition
+from labs.memory.layout import zero3_offloaded_share
 from labs.metrics import read_jsonl
 
 H200, H100 = RESULTS / "gpu" / "one_card_7b_1xh200", RESULTS / "gpu" / "one_card_7b_1xh100"
@@ -33,11 +33,10 @@ def sub_group_size(ds_config: dict) -> float:
 
 
 def offloaded_params(share: float, sub_group: float, preset: str = "qwen2.5-7b") -> float:
-    """The share of the parameters whose optimizer state ZeRO-3 actually offloads at a setting: DeepSpeed offloads whole
-    sub-groups, all but the first int((1 - share) x count) (labs.memory.layout), so on the 7B 65% of 5e8-parameter
-    sub-groups offloads 71% of the parameters, and 70% of 1e9 offloads 73%. This, not the setting, is the CPU's work."""
-    z3 = zero3_partition(param_layout(models.PRESETS[preset]), 1, 1e6, sub_group)
-    return 1 - sum(zero3_gpu_sub_groups(z3, {"offload_ratio": share})) / z3["partition"]
+    """The share of a preset's parameters whose optimizer state ZeRO-3 actually offloads at a setting: whole
+    sub-groups (labs.memory.layout.zero3_offloaded_share), so on the 7B 65% of 5e8-parameter sub-groups offloads 71%
+    of the parameters, and 70% of 1e9 offloads 73%. This, not the setting, is the CPU's work."""
+    return zero3_offloaded_share(models.PRESETS[preset], share, sub_group)
 
 
 def card_bytes(folder) -> int:

@@ -159,12 +159,13 @@ def table(found: dict | None = None) -> Table:
         ran = "; ".join(f"{r['round']}: {r['offloaded_params']:.1%} {r['tokens_per_s']:,.0f}"
                         for r in ran_at(cell, found))
         rows.append({"batch": cell["batch"], "checkpointed": cell["checkpointed"],
-                     "least offloaded that fits (setting, sub-groups)": (
+                     "fewest params offloaded that fit (ratio, sub_group_size)": (
                          f"{cell['offloaded_params']:.1%} ({cell['offloaded']:.0%}, "
                          f"{sub_groups_text(cell['sub_group_size'])})" if cell["fits"] else "none"),
                      "predicted GPU, host (GiB)": (f"{cell['gpu_gib']:.1f}, {cell['host_gib']:.1f}" if cell["fits"]
-                                                   else f"{cell['smallest_gpu_gib']:.1f} at 100%"),
-                     "stock runs (round: offloaded, tokens/s)": ran or "-",
+                                                   else f"GPU {cell['smallest_gpu_gib']:.1f} at 100% "
+                                                        f"(over {cell['usable_gib']:.1f})"),
+                     "stock runs (round: params offloaded, tokens/s)": ran or "-",
                      "estimate there (not a run): tokens/s, labs' slower run of that round over it": (
                          f"{estimate['estimated_tokens_per_s']:,.0f} (from {estimate['estimated_from']}), "
                          f"{estimate['labs_over_estimate']:.2f}x" if estimate else "-")})

@@ -83,8 +83,8 @@ _GROUPS = _sub_groups_5e8()
           "(embedding first, lm_head last) and closes a sub-group once it holds sub_group_size elements, so at 5e8 "
           f"the 7B's {sum(_GROUPS) / 1e9:.2f} B parameters make {len(_GROUPS)} sub-groups (the embedding alone, "
           f"{len(_GROUPS) - 2} of {min(_GROUPS[1:-1]) / 1e9:.2f}-{max(_GROUPS[1:-1]) / 1e9:.2f} B, lm_head alone). "
-          "Partial offload keeps the first int((1 - ratio) x count) on the GPU. Round 34's stock run set ratio 0.65: "
-          "how many sub-groups stayed on the GPU?", "sub-groups", rel=0,
+          "Partial offload keeps the first int((1 - ratio) x count) on the GPU. Round 34's run stock65_sg5 set ratio "
+          "0.65 with sub_group_size 5e8: how many sub-groups stayed on the GPU?", "sub-groups", rel=0,
           hint="(1 - 0.65) x the count is not a whole number, and int() drops the fraction: fewer sub-groups than "
                "rounding would keep, so more of the parameters are offloaded than the setting says")
 def _gpu_sub_groups_at_65():
