@@ -20,7 +20,7 @@ def test_sub_groups_are_counted_as_deepspeed_counts_them():
     one. With it, 65% of 5e8 kept 5 of 15 sub-groups on the GPU where DeepSpeed kept 4 of 14 (round 34: 8.3 GiB)."""
     from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
     from labs import models
-    from labs.memory.layout import param_layout, zero3_gpu_sub_groups, zero3_partition
+    from labs.memory.layout import param_layout, zero3_gpu_sub_groups, zero3_offloaded_share, zero3_partition
 
     class Param:
         def __init__(self, numel):
@@ -38,6 +38,10 @@ def test_sub_groups_are_counted_as_deepspeed_counts_them():
         assert zero3_partition(layout, 1, 1e6, size)["sub_groups"] == theirs
     groups = zero3_partition(layout, 1, 1e6, 5e8)
     assert len(groups["sub_groups"]) == 14 and len(zero3_gpu_sub_groups(groups, {"offload_ratio": 0.65})) == 4
+    # the share of parameters offloaded: the last 10 of 14 sub-groups, more than the setting; all or none at the ends
+    dims = models.PRESETS["qwen2.5-7b"]
+    assert zero3_offloaded_share(dims, 0.65, 5e8) == 1 - sum(groups["sub_groups"][:4]) / groups["partition"] > 0.7
+    assert zero3_offloaded_share(dims, 1.0, 5e8) == 1.0 and zero3_offloaded_share(dims, 0.0, 5e8) == 0.0
 
 
 def test_each_fitting_cell_offloads_the_fewest_parameters_that_fit():
