@@ -72,11 +72,12 @@ def rows(preset: str = "qwen2.5-7b", cards=CARDS, gpus: int = 1, batch_per_gpu: 
         for setup, how in SETUPS.items():
             for micro_batch, grad_accum in splits(batch_per_gpu)[:None if how.get("all_splits") else 1]:
                 for ratio in how.get("ratios", (None,)):
-                    found = fewest_checkpointed(preset, setup_config(how["config"], ratio), card, micro_batch,
-                                                grad_accum, gpus, seq_len, how.get("host_pinning", "torch"))
+                    ds_config = setup_config(how["config"], ratio)
+                    found = fewest_checkpointed(preset, ds_config, card, micro_batch, grad_accum, gpus, seq_len,
+                                                how.get("host_pinning", "torch"))
                     if found:
                         share = 1.0 if ratio is None else ratio
-                        sub_group = config.load(how["config"])["zero_optimization"].get("sub_group_size", 1e9)
+                        sub_group = ds_config["zero_optimization"].get("sub_group_size", 1e9)
                         params_share = share if share == 1.0 else layout.zero3_offloaded_share(
                             models.shape(preset), share, sub_group)       # whole sub-groups: more than the setting
                         out.append(dict(card=card, setup=setup, batch=f"{micro_batch} x {grad_accum}",

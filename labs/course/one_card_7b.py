@@ -53,8 +53,8 @@ def rows() -> list[dict]:
         found.append(dict(card=card, round=round_, run=run_dir.name,
                           batch=f"{summary['micro_batch']} x {summary['gradient_accumulation']}",
                           checkpointed=summary["activation_checkpointing"], fewest_checkpointed=fewest["checkpointed"],
-                          offloaded=offloaded(ds_config), offloaded_params=offloaded_params(
-                              offloaded(ds_config), sub_group_size(ds_config)),
+                          offloaded=offloaded(ds_config),
+                          offloaded_params=offloaded_params(offloaded(ds_config), sub_group_size(ds_config)),
                           tokens_per_s_per_gpu=summary["tokens_per_s_per_gpu"], mfu=summary["mfu"],
                           mfu_causal=summary["mfu_causal"], tokens_per_step=summary["tokens_per_step"],
                           gpu_gib=max(summary["peak_memory_bytes"]) / 2**30,

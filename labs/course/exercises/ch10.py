@@ -71,12 +71,12 @@ def _copy_saving_7b():
     return offload_copy_report.predicted_saving_s()
 
 
-def _sub_groups_5e8() -> list[int]:
-    """The 7B's ZeRO-3 sub-groups at 5e8 elements, one rank, as DeepSpeed cuts them (labs.memory.layout)."""
-    return zero3_partition(param_layout(models.PRESETS["qwen2.5-7b"]), 1, 1e6, 5e8)["sub_groups"]
+def _partition_5e8() -> dict:
+    """The 7B's ZeRO-3 partition into sub-groups of 5e8 elements, one rank, as DeepSpeed cuts them (labs.memory)."""
+    return zero3_partition(param_layout(models.PRESETS["qwen2.5-7b"]), 1, 1e6, 5e8)
 
 
-_GROUPS = _sub_groups_5e8()
+_GROUPS = _partition_5e8()["sub_groups"]
 
 
 @exercise("10.6", "DeepSpeed's ZeRO-3 steps the optimizer in sub-groups: it walks the parameters in model order "
@@ -88,5 +88,4 @@ _GROUPS = _sub_groups_5e8()
           hint="(1 - 0.65) x the count is not a whole number, and int() drops the fraction: fewer sub-groups than "
                "rounding would keep, so more of the parameters are offloaded than the setting says")
 def _gpu_sub_groups_at_65():
-    z3 = zero3_partition(param_layout(models.PRESETS["qwen2.5-7b"]), 1, 1e6, 5e8)
-    return len(zero3_gpu_sub_groups(z3, {"offload_ratio": 0.65}))
+    return len(zero3_gpu_sub_groups(_partition_5e8(), {"offload_ratio": 0.65}))
