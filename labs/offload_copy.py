@@ -17,6 +17,11 @@ either side. On the 7B row of chapter 10 (70% of the optimizer offloaded, one H1
 from 3.2-3.4 s to 1.6-1.9 s and the run went from 4,800-4,931 tokens/s to 6,175-6,436 on two hosts (rounds 31 and 32).
 Without the page-locking it gained nothing (round 30: 0.97x).
 
+Nor does the step wait for each sub-group's copy any more (round 37): DeepSpeed updates the sub-groups one after
+another, and a copy only reads a master that CPU Adam has finished with, so the copy of one sub-group runs on the GPU's
+stream while CPU Adam updates the next, and the step waits once, after its last sub-group. LABS_OFFLOAD_COPY=gpu-wait
+keeps the wait after every sub-group (rounds 31-36), to compare.
+
 The two chunked copies also serve labs.zenflow_host, whose ZenFlow copy-back had the same blocking cast and whose
 buffers labs page-locks itself.
 """
@@ -35,9 +40,10 @@ from labs.errors import check_choice
 # wrapper, hashes to this.
 RESTATED_SHA256 = "af7b449bee8786ec"
 CHOICE = "LABS_OFFLOAD_COPY"        # which copy a ZeRO-3 offload run of labs makes
-CHOICES = ("gpu", "deepspeed")      # labs' (the default), DeepSpeed's
+CHOICES = ("gpu", "gpu-wait", "deepspeed")   # labs' (the default), labs' waiting after each sub-group, DeepSpeed's
 _REGISTERED: set[int] = set()       # addresses of the masters labs has page-locked in place (they live the whole run)
 _UNREGISTRABLE: set[int] = set()    # addresses CUDA refused to page-lock: those keep DeepSpeed's copy_
+_WAIT_EACH = False                  # install() sets it under LABS_OFFLOAD_COPY=gpu-wait
 
 
 def chosen(environ=None) -> str:
@@ -70,14 +76,15 @@ def unwrapped(function):
     return function
 
 
-def copy_in_chunks(dst: torch.Tensor, src: torch.Tensor, chunk_elements: int = 64 * 2**20) -> None:
+def copy_in_chunks(dst: torch.Tensor, src: torch.Tensor, chunk_elements: int = 64 * 2**20, wait: bool = True) -> None:
     """dst.copy_(src) for a page-locked fp32 host tensor into a bf16 GPU tensor, cast on the GPU: chunk by chunk the
     fp32 values cross PCIe asynchronously into one staging block (256 MiB at the default) and the GPU casts them into
     dst. Both run on the current stream, so a chunk lands only after the previous one's cast has read the block. Then
-    it waits: the caller may write src again as soon as it returns."""
+    it waits, so that the caller may write src again as soon as it returns; with wait=False it returns at once, and
+    the caller must synchronize the stream before writing src (work queued on the stream after it sees dst written)."""
     assert src.device.type == "cpu" and src.is_contiguous() and dst.is_contiguous(), (src.device, dst.device)
     assert src.numel() == dst.numel(), f"{src.numel()} fp32 values for {dst.numel()} parameters"
-    _through_staging(dst, src, gpu=dst.device, chunk_elements=chunk_elements)
+    _through_staging(dst, src, gpu=dst.device, chunk_elements=chunk_elements, wait=wait)
 
 
 def copy_to_host_in_chunks(dst: torch.Tensor, src: torch.Tensor, chunk_elements: int = 64 * 2**20) -> None:
@@ -89,25 +96,29 @@ def copy_to_host_in_chunks(dst: torch.Tensor, src: torch.Tensor, chunk_elements:
     _through_staging(dst, src, gpu=src.device, chunk_elements=chunk_elements)
 
 
-def _through_staging(dst: torch.Tensor, src: torch.Tensor, gpu: torch.device, chunk_elements: int) -> None:
+def _through_staging(dst: torch.Tensor, src: torch.Tensor, gpu: torch.device, chunk_elements: int,
+                     wait: bool = True) -> None:
     """The loop both chunked copies share: one fp32 staging block on `gpu`, each chunk copied from src into it and from
     it into dst, both on the current stream (so the next chunk waits until the block has been read), the copy that
-    crosses PCIe asynchronous; then wait for the last chunk. On a CPU the same loop runs as plain copies."""
+    crosses PCIe asynchronous; then wait for the last chunk (unless wait=False). The block goes back to PyTorch's
+    allocator on return, which hands it out again only to work queued after it on the same stream. On a CPU the same
+    loop runs as plain copies."""
     flat_src, flat_dst = src.view(-1), dst.view(-1)
     staging = torch.empty(min(chunk_elements, src.numel()), dtype=torch.float32, device=gpu)
     for start in range(0, src.numel(), staging.numel()):
         n = min(staging.numel(), src.numel() - start)
         staging[:n].copy_(flat_src[start:start + n], non_blocking=True)
         flat_dst[start:start + n].copy_(staging[:n], non_blocking=True)
-    if gpu.type == "cuda":
+    if gpu.type == "cuda" and wait:
         torch.cuda.current_stream(gpu).synchronize()
 
 
-def copy_updated_weights(dst: torch.Tensor, src: torch.Tensor, register=None) -> None:
+def copy_updated_weights(dst: torch.Tensor, src: torch.Tensor, register=None, wait: bool = True) -> None:
     """dst.copy_(src), through copy_in_chunks where src is fp32 master weights in host memory and dst a partition of
     another dtype: on a GPU, after page-locking src where it lies with `register(address, bytes)` unless it is
-    page-locked already; on a CPU host (the tests), as plain chunked copies. Any other pair (the sub-groups whose
-    optimizer state stayed on the GPU, or the same dtype on both sides) goes through copy_ as DeepSpeed does."""
+    page-locked already; on a CPU host (the tests), as plain chunked copies; without waiting for the GPU where
+    wait=False. Any other pair (the sub-groups whose optimizer state stayed on the GPU, or the same dtype on both
+    sides) goes through copy_ as DeepSpeed does, which waits where it must."""
     if not (src.device.type == "cpu" and src.dtype == torch.float32 and dst.dtype != src.dtype and
             src.is_contiguous() and dst.is_contiguous()):
         dst.copy_(src)
@@ -115,7 +126,7 @@ def copy_updated_weights(dst: torch.Tensor, src: torch.Tensor, register=None) ->
     if dst.device.type == "cuda" and not src.is_pinned() and not _page_lock(src.untyped_storage(), register):
         dst.copy_(src)              # CUDA refused to page-lock this master: DeepSpeed's copy
         return
-    copy_in_chunks(dst, src)
+    copy_in_chunks(dst, src, wait=wait)
 
 
 def _page_lock(storage, register) -> bool:
@@ -144,12 +155,21 @@ def _reassign_or_swap_out_partitioned_parameters(self, sub_group_id):
         # When torch autocast is enabled, groups in fp16_partitioned_groups are in fp32 already and those in
         # fp32_partitioned_groups are aliases: then the copy copies nothing, as DeepSpeed's does.
         copy_updated_weights(self.fp16_partitioned_groups_flat[sub_group_id].data,          # the change
-                             self.fp32_partitioned_groups_flat[sub_group_id].data, _register_host_memory)
+                             self.fp32_partitioned_groups_flat[sub_group_id].data, _register_host_memory,
+                             wait=waits_after(sub_group_id, len(self.fp16_partitioned_groups_flat)))
 
         #unflatten fp16 parameter subgroup
         self._unflatten_partitioned_parameters(sub_group_id)
     else:
         self._partitioned_params_swap_out(sub_group_id)
+
+
+def waits_after(sub_group_id: int, sub_groups: int) -> bool:
+    """Whether the step waits for this sub-group's copy before going on: after the last sub-group only (every caller
+    in DeepSpeed 0.19.8's stage3.py, the step and the swap-buffer resets, walks all sub-groups in order, so that wait
+    covers the copies queued before it: they share the stream), or after every one under LABS_OFFLOAD_COPY=gpu-wait.
+    Only a later step's CPU Adam writes a master again, and the forward that reads the partitions runs after."""
+    return _WAIT_EACH or sub_group_id == sub_groups - 1
 
 
 def _register_host_memory(address: int, num_bytes: int) -> None:
@@ -158,13 +178,16 @@ def _register_host_memory(address: int, num_bytes: int) -> None:
 
 
 def install() -> bool:
-    """Give ZeRO-3 labs' copy of the updated weights (unless LABS_OFFLOAD_COPY=deepspeed, or this DeepSpeed's method is
-    not 0.19.8's: then DeepSpeed's stays, with a note). Idempotent; returns whether labs' copy is in place."""
+    """Give ZeRO-3 labs' copy of the updated weights, waiting once per step or (LABS_OFFLOAD_COPY=gpu-wait) after each
+    sub-group (unless LABS_OFFLOAD_COPY=deepspeed, or this DeepSpeed's method is not 0.19.8's: then DeepSpeed's stays,
+    with a note). Idempotent; returns whether labs' copy is in place."""
     from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3 as Stage3
 
+    global _WAIT_EACH
     name = "_reassign_or_swap_out_partitioned_parameters"
-    if chosen() != "gpu":
+    if chosen() == "deepspeed":
         return False
+    _WAIT_EACH = chosen() == "gpu-wait"
     if getattr(Stage3, name) is _reassign_or_swap_out_partitioned_parameters:
         return True
     if source_sha256(getattr(Stage3, name)) != RESTATED_SHA256:

@@ -33,8 +33,9 @@ def test_the_restated_method_is_deepspeeds_but_for_the_copy():
         "self.fp32_partitioned_groups_flat[sub_group_id].data)"]
     assert [line for line in ours if line not in theirs] == [
         "copy_updated_weights(self.fp16_partitioned_groups_flat[sub_group_id].data,          # the change",
-        "self.fp32_partitioned_groups_flat[sub_group_id].data, _register_host_memory)"]
-    assert len(ours) == len(theirs)
+        "self.fp32_partitioned_groups_flat[sub_group_id].data, _register_host_memory,",
+        "wait=waits_after(sub_group_id, len(self.fp16_partitioned_groups_flat)))"]
+    assert len(ours) == len(theirs) + 1
 
 
 def test_the_copy_gives_the_cast_deepspeed_gives_and_unflattens():
@@ -62,7 +63,7 @@ def test_masters_are_page_locked_once_and_only_for_a_gpu(monkeypatch):
                                       register=lambda *args: registered.append(args))
     assert registered == []
     gpu_like = SimpleNamespace(device=SimpleNamespace(type="cuda"), dtype=torch.bfloat16, is_contiguous=lambda: True)
-    monkeypatch.setattr(offload_copy, "copy_in_chunks", lambda dst, source: None)
+    monkeypatch.setattr(offload_copy, "copy_in_chunks", lambda dst, source, wait: None)
     for _ in range(2):                                    # the second copy finds it registered
         offload_copy.copy_updated_weights(gpu_like, src, register=lambda *args: registered.append(args))
     assert registered == [(src.untyped_storage().data_ptr(), 4000)]
@@ -81,7 +82,7 @@ def test_a_master_cuda_refuses_to_page_lock_is_copied_as_deepspeed_copies_it(mon
                                copy_=copied.append)
     monkeypatch.setattr(offload_copy, "_UNREGISTRABLE", set())
     monkeypatch.setattr(offload_copy, "_REGISTERED", set())     # an earlier test's tensor may have had this address
-    monkeypatch.setattr(offload_copy, "copy_in_chunks", lambda dst, source: copied.append("chunks"))
+    monkeypatch.setattr(offload_copy, "copy_in_chunks", lambda dst, source, wait: copied.append("chunks"))
     for _ in range(2):
         offload_copy.copy_updated_weights(gpu_like, src, register=refuse)
     assert len(tried) == 1 and copied == [src, src]
@@ -91,13 +92,36 @@ def test_a_master_cuda_refuses_to_page_lock_is_copied_as_deepspeed_copies_it(mon
 def test_the_choice_defaults_to_labs_copy_and_refuses_other_values():
     assert offload_copy.chosen({}) == "gpu" and offload_copy.chosen({offload_copy.CHOICE: ""}) == "gpu"
     assert offload_copy.chosen({offload_copy.CHOICE: "deepspeed"}) == "deepspeed"
-    with pytest.raises(LabsError, match="LABS_OFFLOAD_COPY 'cpu'; choose one of: gpu, deepspeed"):
+    assert offload_copy.chosen({offload_copy.CHOICE: "gpu-wait"}) == "gpu-wait"
+    with pytest.raises(LabsError, match="LABS_OFFLOAD_COPY 'cpu'; choose one of: gpu, gpu-wait, deepspeed"):
         offload_copy.chosen({offload_copy.CHOICE: "cpu"})
     zero3_offload = {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}}
     assert offload_copy.applies(zero3_offload, stock=False) and not offload_copy.applies(zero3_offload, stock=True)
     assert not offload_copy.applies({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}, False)
     assert not offload_copy.applies({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme"}}}, False)
     assert not offload_copy.applies({"zero_optimization": {"stage": 3}}, False)
+
+
+def test_a_step_waits_for_the_copies_once_after_its_last_sub_group(monkeypatch):
+    """DeepSpeed's step walks the sub-groups in order and calls the restated method for each: labs' copy returns
+    without waiting for the GPU for every sub-group but the last (whose wait covers the copies queued before it on
+    the same stream), or waits after each under LABS_OFFLOAD_COPY=gpu-wait."""
+    from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3 as Stage3
+    name = "_reassign_or_swap_out_partitioned_parameters"
+    monkeypatch.setattr(Stage3, name, Stage3.__dict__[name])          # restored after the test
+    monkeypatch.setattr(offload_copy, "_WAIT_EACH", False)               # so is what install() sets
+    waits = []
+    monkeypatch.setattr(offload_copy, "copy_updated_weights", lambda dst, src, register, wait: waits.append(wait))
+    stand_in = SimpleNamespace(fp16_partitioned_groups_flat=[torch.empty(2)] * 3,
+                               fp32_partitioned_groups_flat=[torch.empty(2)] * 3,
+                               _unflatten_partitioned_parameters=lambda sub_group_id: None)
+    for choice, expected in (("gpu", [False, False, True]), ("gpu-wait", [True, True, True])):
+        monkeypatch.setenv(offload_copy.CHOICE, choice)
+        assert offload_copy.install() is True
+        waits.clear()
+        for sub_group_id in range(3):
+            offload_copy._reassign_or_swap_out_partitioned_parameters(stand_in, sub_group_id)
+        assert waits == expected, (choice, waits)
 
 
 def test_install_replaces_the_method_unless_told_not_to(monkeypatch):
@@ -117,7 +141,7 @@ def test_a_bad_choice_stops_the_run_before_any_rank(tmp_path, monkeypatch):
     result = run_labs("train", "--preset", "tiny", "--config", ROOT / "ds_configs/zero3_offload_optimizer.json",
                       "--steps", 2, "--out", tmp_path / "run", timeout=120)
     assert result.returncode == 2, result.stderr[-2000:]
-    assert "unknown LABS_OFFLOAD_COPY 'fast'; choose one of: gpu, deepspeed" in result.stderr
+    assert "unknown LABS_OFFLOAD_COPY 'fast'; choose one of: gpu, gpu-wait, deepspeed" in result.stderr
     assert not (tmp_path / "run").exists()
 
 
