@@ -71,6 +71,19 @@ def host_gib() -> float:
     return float(totals.pop())
 
 
+def zero2_offload_host_gib() -> dict[str, float]:
+    """Stock's other offload, ZeRO-2 with the whole optimizer on the CPU (bench/stock_zero2_offload.json; it takes no
+    `ratio`): the host memory labs.memory predicts for the 7B at each split with full checkpointing, the least of it,
+    against the rounds' host. It needs the fp32 master, both moments and the fp32 gradients of all 7.6 B parameters
+    on the host, so no split fits a 125 GiB host: the search is ZeRO-3's."""
+    ds_config = config_lib.load("bench/stock_zero2_offload.json")
+    need = {f"{m} x {g}": memory.estimate("qwen2.5-7b", ds_config=ds_config, micro_batch=m, grad_accum=g, loss="hf",
+                                          kernels="stock", activation_checkpointing="full",
+                                          seq_len=4096).host_per_node_bytes / 2**30 for m, g in SPLITS}
+    assert min(need.values()) > host_gib(), "a ZeRO-2 offload split fits the host: the search must include it"
+    return dict(least=min(need.values()), host=host_gib(), per_split=need)
+
+
 @functools.lru_cache(maxsize=None)
 def grid() -> tuple[dict, ...]:
     """Per split and checkpointing, the setting (share in hundredths, sub-group size from SUB_GROUPS) that offloads
@@ -177,8 +190,11 @@ def lines(found: dict | None = None) -> list[str]:
     which is not like for like; and where labs.memory's GPU peak missed a run by more than 0.1 GiB."""
     found = found or rounds()
     cell = grid()[0]
+    zero2 = zero2_offload_host_gib()
     out = [f"fits: labs.memory's GPU peak at most {cell['usable_gib']:.1f} GiB (an H100's usable memory) and its host "
-           f"memory at most {cell['host_limit_gib']:.0f} GiB (the rounds' hosts)"]
+           f"memory at most {cell['host_limit_gib']:.0f} GiB (the rounds' hosts); stock's ZeRO-2 offload needs at "
+           f"least {zero2['least']:.1f} GiB of host (all 7.6 B parameters' optimizer state on the CPU): it fits no "
+           "split, so the search is ZeRO-3's"]
     out += [f"round {n} (CPU model {f['cpu_model']}): stock's fastest {f['best']['tokens_per_s']:,.0f} tokens/s "
             f"({f['best']['run']}: {f['best']['batch']}, {f['best']['offloaded_params']:.1%} of the parameters "
             f"offloaded, checkpointing {f['best']['checkpointed']}); labs' row "
