@@ -47,7 +47,7 @@ def test_labs_against_stocks_best_offload_at_the_same_tokens_per_step():
     assert {r["side"] for r in found["stock"]} == {"stock"} and {r["side"] for r in found["labs"]} == {"labs"}
     assert all(r["loss"] == "hf" and r["copy"] == "DeepSpeed's" for r in found["stock"])
     assert all(r["checkpointed"] == "full" for r in round32["stock"])
-    assert all(r["copy"] == "labs'" for r in found["labs"])
+    assert all(r["copy"] in ("labs'", "labs' overlapped") for r in found["labs"])
     for r in round32["stock"] + round32["labs"]:
         assert r["tokens_per_step"] == 32768 and r["gpu_gib"] == pytest.approx(r["predicted_gpu_gib"], abs=0.1)
     best = round32["best"]
@@ -66,18 +66,21 @@ def test_the_readme_quotes_the_readings():
     ab, found = offload_copy_report.copy_ab(), offload_vs_stock.stock_best()
     runs = ab["runs"]
     slower, best = found["labs_slower"], found["best"]
-    others = " and ".join(f"{f['ratio']:.2f}x" for n, f in found["rounds"].items() if n != found["deciding"])
+    earlier = [f"{f['ratio']:.2f}x" for n, f in found["rounds"].items() if n not in found["judged"]]
+    target = offload_vs_stock.target(found)
+    words = {1: "one", 2: "two", 3: "three", 4: "four", 5: "five"}
+    machines = f"{words[target['machines']]} machine" + ("s" if target["machines"] > 1 else "")
     figures = [f"{best['tokens_per_s']:,.0f}: ZeRO-3 with {best['offloaded_params']:.1%} of the parameters'",
                f"{slower['tokens_per_s']:,.0f}: ZeRO-3 with {slower['offloaded_params']:.1%} offloaded",
-               f"{found['conservative']:.2f}x (labs' slower run, round {found['deciding']}): not met; "
-               + others.replace(" and ", ", ", len(found["rounds"]) - 3),
+               f"{found['conservative']:.2f}x (labs' row as it stands, round {found['deciding']}, {machines}): "
+               f"{target['verdict']}; labs' earlier row (71.4% offloaded): " + ", ".join(earlier[:-1]) + " and "
+               + earlier[-1] + f" on {words[len(earlier)]} machines",
                f"{slower['mfu']:.1%} ({slower['mfu_causal']:.1%})",
                f"{runs['ds_copy']['optimizer_step_s']:.2f}-{runs['ds_copy_again']['optimizer_step_s']:.2f} s to "
                f"{runs['labs_copy']['optimizer_step_s']:.2f} s",
                f"{min(ab['speedups']):.2f}-{max(ab['speedups']):.2f}x",
                f"{ab['per_1e9']['copy_to_gpu_fp32_pageable']:.2f} s per 10^9 parameters, against "
                f"{ab['per_1e9']['copy_to_gpu_fp32_registered']:.3f} s once page-locked"]
-    assert offload_vs_stock.target(found)["verdict"] == "not met"
     assert unquoted(RESULTS.parent / "README.md", figures) == []
 
 
@@ -95,12 +98,11 @@ def test_the_default_is_the_copy_round_31_measured():
 
 
 def test_the_committed_70_percent_config_is_the_one_round_32_ran():
-    """bench/labs_zero3_offload_70.json, which chapter 9's recipe and chapter 10's row name, is the config labs' runs
-    of round 32 were given, key for key, and the committed half-offload config but for the share."""
+    """bench/labs_zero3_offload_70.json, labs' row of rounds 31-36, is the config labs' runs of round 32 were given, key
+    for key, and the committed half-offload config but for the share."""
     from conftest import ROOT
     committed = json.loads((ROOT / "ds_configs" / "bench" / "labs_zero3_offload_70.json").read_text())
     assert committed == json.loads((offload_copy_report.H100 / "round32" / "z3_off70.json").read_text())
     half = json.loads((ROOT / "ds_configs" / "bench" / "labs_zero3_offload_half.json").read_text())
     half["zero_optimization"]["offload_optimizer"]["ratio"] = 0.7
     assert committed == half
-    assert offload_vs_stock.recipe_row()["config"] == "labs_zero3_offload_70.json"

@@ -68,13 +68,13 @@ def test_stocks_fastest_cell_ran_at_its_least_and_one_host_puts_labs_under_the_t
     """Round 36 ran stock's 2 x 4 at the grid's setting (its config says so); every round's runs are stock against
     labs' row at 32,768 tokens per step, every GPU peak within 0.1 GiB of labs.memory. labs' slower run is at least
     1.5x stock's fastest in rounds 32, 34 and 35, and 1.44x in round 36, where labs' optimizer step ran longer than on
-    any other host while stock's did not: the target is not met."""
+    any other host while stock's did not: that row did not meet the target."""
     cell = next(c for c in stock_search.grid() if (c["batch"], c["checkpointed"]) == ("2 x 4", "full"))
     config = json.loads((stock_search.H100 / "round36" / "stock61_sg2" / "ds_config.json").read_text())
     zero = config["zero_optimization"]
     assert (zero["offload_optimizer"]["ratio"], zero["sub_group_size"]) == (cell["offloaded"], cell["sub_group_size"])
-    found = stock_search.rounds()
-    assert list(found) == ["32", "34", "35", "36"]
+    found = {n: f for n, f in stock_search.rounds().items() if n in ("32", "34", "35", "36")}
+    assert list(found) == ["32", "34", "35", "36"]           # labs' earlier row; round 37 ran the row searched
     for f in found.values():
         assert all(r["side"] == "stock" and r["loss"] == "hf" and r["tokens_per_step"] == 32768 for r in f["stock"])
         assert all(r["copy"] == "labs'" and r["tokens_per_step"] == 32768 for r in f["labs"])
@@ -86,8 +86,9 @@ def test_stocks_fastest_cell_ran_at_its_least_and_one_host_puts_labs_under_the_t
     unrun = stock_search.unrun(found)
     assert {(u["batch"], u["checkpointed"]) for u in unrun} == {("1 x 8", "full"), ("1 x 8", "none"), ("4 x 2", "full")}
     assert all(u["labs_over_estimate"] >= 1.5 for u in unrun)
-    target = offload_vs_stock.target()
-    assert target["verdict"] == "not met" and target["met"] is False and "1.44x (round 36)" in target["measured"]
+    target = offload_vs_stock.target()           # judged on labs' row as it stands (tests/test_round37.py)
+    assert "its earlier row: 1.53x (round 32), 1.53x (round 34), 1.57x (round 35), 1.44x (round 36)" in \
+        target["measured"]
 
 
 def test_labs_rows_ran_the_committed_config_and_the_readme_quotes_the_readings():

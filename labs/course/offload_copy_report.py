@@ -26,6 +26,8 @@ from labs.metrics import read_jsonl
 
 ROUND31 = H100 / "round31"
 COPY_RUNS = ("ds_copy", "labs_copy", "ds_copy_again")                 # round 31, in the order they ran
+# labs' copy stopped waiting after each sub-group at commit d913324: runs started earlier that recorded "gpu" waited
+OVERLAPPED_SINCE = "2026-12-06T12:56:30+0000"
 DEFAULT_RUN = H100 / "round33" / "default_copy"       # round 33: the committed default, LABS_OFFLOAD_COPY unset
 
 
@@ -40,9 +42,12 @@ def run(run_dir) -> dict:
     ds_config = json.loads((run_dir / "ds_config.json").read_text())
     share, size = offloaded(ds_config), sub_group_size(ds_config)
     # Runs before labs' copy became the default (2026-12-06) recorded only the variable; since, the copy made too.
-    labs_copy = "gpu" in (recorded.get("offload_copy"), recorded.get("LABS_OFFLOAD_COPY")) and not spec["stock"]
+    made = recorded.get("offload_copy") or recorded.get("LABS_OFFLOAD_COPY")
+    labs_copy = made in ("gpu", "gpu-wait") and not spec["stock"]
+    overlapped = labs_copy and made == "gpu" and recorded.get("started", "") >= OVERLAPPED_SINCE
     return dict(run=run_dir.name, side="stock" if spec["stock"] else "labs",
-                copy="labs'" if labs_copy else "DeepSpeed's",
+                # "labs'": waiting after each sub-group's copy (rounds 31-36, and LABS_OFFLOAD_COPY=gpu-wait)
+                copy="labs' overlapped" if overlapped else "labs'" if labs_copy else "DeepSpeed's",
                 batch=f"{summary['micro_batch']} x {summary['gradient_accumulation']}",
                 offloaded=share, sub_group_size=size, offloaded_params=offloaded_params(share, size, spec["preset"]),
                 checkpointed=summary["activation_checkpointing"], loss=summary["loss"],

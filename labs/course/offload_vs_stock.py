@@ -20,22 +20,26 @@ from labs import data, memory
 from labs.bench import cases
 from labs.course import stock_search
 from labs.course.offload_copy_report import copy_ab, default_run, run
-from labs.course.one_card_runs import H100, H200, offloaded
+from labs.course.one_card_runs import H100, H200, host_lines, offloaded, out_of_memory_lines
 from labs.table import Table
 
 
 def stock_best() -> dict:
-    """Every round against stock (stock_search.ROUNDS): every run, and the deciding round, the one where labs' slower
-    run over stock's fastest is smallest; in it, labs' mean over the mean of stock's runs of its fastest setup. Also
-    labs' own 2 x 4 of round 26 (capped H200), whose losses stock's 2 x 4 follows."""
+    """Every round against stock (stock_search.ROUNDS): every run; labs' row as the latest round ran it and the rounds
+    that ran that row (judged; earlier rounds ran an earlier row); the deciding round, the judged round where labs'
+    slower run over stock's fastest is smallest; in it, labs' mean over the mean of stock's runs of its fastest setup.
+    Also labs' own 2 x 4 of round 26 (capped H200), whose losses stock's 2 x 4 follows."""
     found = stock_search.rounds()
-    deciding = min(found, key=lambda n: found[n]["ratio"])
+    row = found[max(found, key=int)]["row"]
+    judged = [n for n in found if found[n]["row"] == row]
+    deciding = min(judged, key=lambda n: found[n]["ratio"])
     here = found[deciding]
     best = here["best"]
     same_setup = [r for r in here["stock"] if (r["batch"], r["offloaded"], r["sub_group_size"]) ==
                   (best["batch"], best["offloaded"], best["sub_group_size"])]
     mean = lambda runs: sum(r["tokens_per_s"] for r in runs) / len(runs)
-    return dict(rounds=found, deciding=deciding, stock=[r for f in found.values() for r in f["stock"]],
+    return dict(rounds=found, row=row, judged=judged, deciding=deciding,
+                stock=[r for f in found.values() for r in f["stock"]],
                 labs=[r for f in found.values() for r in f["labs"]], best=best, labs_slower=here["labs_slower"],
                 conservative=here["ratio"], of_means=mean(here["labs"]) / mean(same_setup),
                 labs_2x4_losses=run(H200 / "z3off70_7b_2x4")["losses"])
@@ -44,7 +48,8 @@ def stock_best() -> dict:
 def loss_gaps(found: dict | None = None, ab: dict | None = None) -> dict[str, float]:
     """Per-step loss gaps (the largest over the 6 steps): labs' 8 x 1 against stock's 4 x 2 and stock's 2 x 4 against
     labs' own 2 x 4 of round 26 (pairs whose losses agree although engines or copies differ), round 31's labs copy
-    against its DeepSpeed copies (the copy alone), and labs' 8 x 1 against stock's best at the last step."""
+    against its DeepSpeed copies (the copy alone), labs' overlapped copy against the same row waiting after each
+    sub-group (the overlap alone, round 37), and labs' 8 x 1 against stock's best at the last step."""
     found = found or stock_best()
     labs_runs = found["labs"]
     stock_4x2 = [r for r in found["stock"] if r["batch"] == "4 x 2"]
@@ -55,47 +60,56 @@ def loss_gaps(found: dict | None = None, ab: dict | None = None) -> dict[str, fl
                 stock_vs_labs_2x4=max(gap(r["losses"], found["labs_2x4_losses"]) for r in stock_2x4),
                 copy_alone=max(gap(copies["labs_copy"]["losses"], copies[n]["losses"])
                                for n in ("ds_copy", "ds_copy_again")),
+                overlap_alone=max(gap(a["losses"], b["losses"]) for f in found["rounds"].values() for a in f["labs"]
+                                  for b in f["others"] if a["copy"] == "labs' overlapped" and b["copy"] == "labs'"),
                 against_best_last=max(abs(r["losses"][-1] - found["best"]["losses"][-1]) for r in labs_runs))
 
 
 def target(found: dict | None = None) -> dict:
     """Issue 12's target "labs' offload >= 1.5x stock's best offload setup at equal tokens per optimizer step, loss
-    within 0.05 nats" on the model itself: the 7B on one real H100. The ratio: in every round, labs' slower run over
-    stock's fastest run on the same host, and labs' slower run over each estimate for a stock setup predicted to fit
-    that no round ran (stock_search.unrun): met only if all clear 1.5x. The loss: labs' copy does not change the update
-    (round 31: the same losses as DeepSpeed's copy); labs' 8 x 1 and stock's 2 x 4 part by more than the tolerance in
-    these 6 steps from random weights, as labs' own 2 x 4 parts from its 8 x 1, so the loss half is judged on the copy,
-    and the gap is reported."""
+    within 0.05 nats" on the model itself: the 7B on one real H100, judged on labs' row as it stands (the rounds that
+    ran it; earlier rounds ran an earlier row and are reported). The ratio: in each of those rounds, labs' slower run
+    over stock's fastest run on the same host; met only if every one clears 1.5x on at least two machines (hosts moved
+    the earlier row's ratio by more than the margin: 1.44-1.57x), and no stock setup predicted to fit that no round
+    ran at its fewest offloaded is estimated faster than stock's fastest run of its round (stock_search.unrun). The
+    loss: labs' copy and its overlap do not change the update (rounds 31 and 37: the same losses as DeepSpeed's copy
+    and as the waiting copy, to GPU noise); labs' 8 x 1 and stock's 2 x 4 part by more than the tolerance in these 6
+    steps from random weights, as labs' own 2 x 4 parts from its 8 x 1, so the loss half is judged on the copy, and
+    the gap is reported."""
     found = found or stock_best()
     gaps, unrun = loss_gaps(found), stock_search.unrun(found["rounds"])
     best, slower = found["best"], found["labs_slower"]
-    closest = min(unrun, key=lambda u: u["labs_over_estimate"], default=None)
-    measured_ok = found["conservative"] >= 1.5 and gaps["copy_alone"] <= 0.05
-    estimates_ok = closest is None or closest["labs_over_estimate"] >= 1.5
-    # met: the runs and every estimate clear 1.5x; not established: the runs do, an estimate for an unrun setup not
-    verdict = "met" if measured_ok and estimates_ok else "not established" if measured_ok else "not met"
-    per_round = ", ".join(f"{f['ratio']:.2f}x (round {n})" for n, f in found["rounds"].items())
+    faster_estimates = [u for u in unrun
+                        if u["estimated_tokens_per_s"] >= found["rounds"][u["round"]]["best"]["tokens_per_s"]]
+    measured_ok = found["conservative"] >= 1.5 and max(gaps["copy_alone"], gaps["overlap_alone"]) <= 0.05
+    machines = len(found["judged"])
+    # met: every judged round clears 1.5x, on two machines or more, and no estimate beats stock's runs; not
+    # established: the runs clear it on one machine, or an estimate for an unrun setup beats stock's fastest run
+    verdict = ("met" if measured_ok and machines >= 2 and not faster_estimates else
+               "not established" if measured_ok else "not met")
+    per_round = ", ".join(f"{found['rounds'][n]['ratio']:.2f}x (round {n})" for n in found["judged"])
+    earlier = ", ".join(f"{f['ratio']:.2f}x (round {n})" for n, f in found["rounds"].items()
+                        if n not in found["judged"])
     return dict(target="labs' offload >= 1.5x stock's best offload, same tokens per step, loss within 0.05 nats "
-                       f"(7B, 1 x H100, rounds {', '.join(found['rounds'])}, one machine each; stock: every split "
-                       "with and without checkpointing at the fewest parameters offloaded that fit, or an estimate "
-                       "where not run)",
+                       f"(7B, 1 x H100, one machine per round; stock: every split with and without checkpointing at "
+                       "the fewest parameters offloaded that fit, or an estimate where not run)",
                 measured=f"{found['conservative']:.2f}x in round {found['deciding']} ({slower['run']}: "
-                         f"{slower['batch']}, {slower['offloaded_params']:.1%} of the parameters offloaded, labs' "
-                         f"copy, vs {best['run']}: {best['batch']}, {best['offloaded_params']:.1%}, checkpointing "
-                         f"{best['checkpointed']}); per round {per_round}; "
-                         + (f"{closest['labs_over_estimate']:.2f}x against the closest estimate (not a run), stock "
-                            f"{closest['batch']}, {closest['offloaded_params']:.1%} offloaded; " if closest else "")
-                         + f"the loss half, judged on labs' copy alone: {gaps['copy_alone']:.3f} nats; reported, not "
-                         f"judged: stock's best split ends {gaps['against_best_last']:.3f} nats from labs' 8 x 1 at "
-                         "step 6 (the split, as labs' own 2 x 4 does)",
-                met=verdict == "met", verdict=verdict)
+                         f"{slower['batch']}, {found['row']}, vs {best['run']}: {best['batch']}, "
+                         f"{best['offloaded_params']:.1%}, checkpointing {best['checkpointed']}); labs' row as it "
+                         f"stands ran on {machines} machine{'s' if machines > 1 else ''}: {per_round}; its earlier "
+                         f"row: {earlier}; stock estimates faster than stock's runs: {len(faster_estimates)} of "
+                         f"{len(unrun)}; the loss half, judged on labs' copy alone: {gaps['copy_alone']:.3f} nats, "
+                         f"its overlap alone {gaps['overlap_alone']:.3f}; reported, not judged: stock's best split "
+                         f"ends {gaps['against_best_last']:.3f} nats from labs' 8 x 1 at step 6 (the split, as "
+                         "labs' own 2 x 4 does)",
+                machines=machines, met=verdict == "met", verdict=verdict)
 
 
 def table(found: dict | None = None, ab: dict | None = None) -> Table:
     """Round 31's runs and those of the rounds against stock as chapter 10 shows them, round by round."""
     found, ab = found or stock_best(), ab or copy_ab()
     rows = [dict(r, round="31") for r in ab["runs"].values()] + [
-        r for f in found["rounds"].values() for r in f["stock"] + f["labs"]]
+        r for f in found["rounds"].values() for r in f["stock"] + f["labs"] + f["others"]]
     columns = ["round", "run", "side, copy", "batch", "params offloaded (ratio, sub_group_size)", "checkpointed",
                "tokens/s", "MFU (causal)", "GPU peak measured, predicted (GiB)", "fwd + bwd (s)", "optimizer step (s)"]
     return Table([{"round": r["round"], "run": r["run"], "side, copy": f"{r['side']}, {r['copy']}", "batch": r["batch"],
@@ -110,10 +124,11 @@ def table(found: dict | None = None, ab: dict | None = None) -> Table:
 
 
 def losses(found: dict | None = None, ab: dict | None = None) -> Table:
-    """The loss at every step of every run of rounds 31-36, and of labs' 2 x 4 of round 26 (capped H200)."""
+    """The loss at every step of every run of rounds 31-37, and of labs' 2 x 4 of round 26 (capped H200)."""
     found, ab = found or stock_best(), ab or copy_ab()
     runs = sorted([(f"31 {r['run']}", r) for r in ab["runs"].values()] + [("33 default_copy", default_run())] +
-                  [(f"{r['round']} {r['run']}", r) for f in found["rounds"].values() for r in f["stock"] + f["labs"]],
+                  [(f"{r['round']} {r['run']}", r) for f in found["rounds"].values()
+                   for r in f["stock"] + f["labs"] + f["others"]],
                   key=lambda named: int(named[0].split()[0]))       # round by round, each in the order it ran
     rows = [dict({"run": name, "side, batch": f"{r['side']} {r['batch']}"},
                  **{f"step {i}": f"{x:.3f}" for i, x in enumerate(r["losses"], 1)}) for name, r in runs]
@@ -169,6 +184,7 @@ def lines(ab: dict | None = None, found: dict | None = None) -> list[str]:
         f"step 4's sequences (labs.data, the default corpus: {corpus_sequences()} sequences of 4,096 tokens): "
         + "; ".join(
             f"{m} x {g}: {step_sequences(m, g, 4)}" for m, g in ((8, 1), (4, 2), (2, 4), (1, 8))),
+        *host_lines(found), *out_of_memory_lines(),
         f"round 33 (a third machine, CPU model {default['cpu_model']}), the committed default with "
         f"LABS_OFFLOAD_COPY {default['variable'] or 'unset'}: recorded copy '{default['recorded_copy']}', "
         f"{default['tokens_per_s']:,.0f} tokens/s, optimizer step {default['optimizer_step_s']:.2f} s"]
@@ -187,7 +203,7 @@ def recipe_row(found: dict | None = None) -> dict:
     options = {**spec, "config": config, "micro_batch": resolved["train_micro_batch_size_per_gpu"],
                "grad_accum": resolved["gradient_accumulation_steps"]}
     return dict(gpus=1, preset=spec["preset"],
-                budget=f"80 GB (H100), {labs['offloaded']:.0%} of the optimizer offloaded",
+                budget=f"80 GB (H100), {labs['offloaded_params']:.1%} of the optimizer offloaded",
                 run=found["deciding"],
                 labs=f"labs-{spec['engine']}-ck{spec['activation_checkpointing']}-mb{options['micro_batch']}"
                      f"-ga{options['grad_accum']}",
@@ -221,13 +237,15 @@ def plot(ab: dict | None = None, found: dict | None = None, ax=None):
     against stock (one machine each): stock's setups (the share of parameters offloaded, checkpointing) and labs' row
     with its copy, with a dashed line at 1.5x the round's fastest stock run."""
     ab, found = ab or copy_ab(), found or stock_best()
-    groups = [("round 31", [(f"labs 8 x 1\n{r['copy']}\ncopy", r["tokens_per_s"], "C0" if r["copy"] == "labs'"
+    groups = [("round 31", [(f"labs 8 x 1\n{r['copy']}\ncopy", r["tokens_per_s"], "C9" if r["copy"] == "labs'"
                              else "C7") for r in ab["runs"].values()], None)]
     for n, f in found["rounds"].items():
         groups.append((f"round {n}", [(f"stock {r['batch']}\n{r['offloaded_params']:.0%} off.\n"
                                        f"ck {r['checkpointed']}", r["tokens_per_s"], "C1") for r in f["stock"]] +
-                       [(f"labs 8 x 1\n{r['offloaded_params']:.0%} off.\nck {r['checkpointed']}", r["tokens_per_s"],
-                         "C0") for r in f["labs"]], 1.5 * f["best"]["tokens_per_s"]))
+                       [(f"labs 8 x 1\n{r['offloaded_params']:.0%} off.\nck {r['checkpointed']}"
+                         + ("\noverlapped" if r["copy"] == "labs' overlapped" else ""), r["tokens_per_s"],
+                         "C0" if r["copy"] == "labs' overlapped" else "C9") for r in f["labs"] + f["others"]],
+                       1.5 * f["best"]["tokens_per_s"]))
     ax = ax or plt.subplots(figsize=(13, 3.8))[1]
     top = max(value for _, bars, _ in groups for _, value, _ in bars) * 1.12
     i = 0
@@ -246,5 +264,6 @@ def plot(ab: dict | None = None, found: dict | None = None, ax=None):
     ax.set_xticks(range(i), [label for _, bars, _ in groups for label, _, _ in bars], fontsize=6)
     ax.set_ylabel("tokens/s (one H100)")
     ax.set_title("Qwen2.5-7B on one H100, optimizer offloaded, 32,768 tokens per optimizer step (grey: DeepSpeed's "
-                 "copy in labs' row; blue: labs' copy; orange: stock; dashed: 1.5x stock's fastest)", fontsize=9)
+                 "copy in labs' row; cyan: labs' copy waiting after each sub-group; blue: labs' copy overlapped; "
+                 "orange: stock; dashed: 1.5x stock's fastest)", fontsize=8)
     return ax

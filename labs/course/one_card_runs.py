@@ -1,12 +1,15 @@
 """Where the one-card 7B rounds' run folders are, and the readings every report of them shares: DeepSpeed's timers,
-the offloaded share, the card's memory, the host's CPU model. Read by labs.course.one_card_7b (chapter 10's 7B row)
-and labs.course.offload_copy_report (labs' copy of the updated weights)."""
+the offloaded share, the card's memory, the host's CPU model, the host sampled, the runs that ran out of GPU memory.
+Read by labs.course.one_card_7b (chapter 10's 7B row), labs.course.offload_copy_report (labs' copy of the updated
+weights) and labs.course.offload_vs_stock (against stock)."""
 from __future__ import annotations
 
 import json
+import re
 import statistics
 
-from labs import RESULTS, models
+from labs import RESULTS, memory, models
+from labs.course import host_samples
 from labs.memory.layout import zero3_offloaded_share
 from labs.metrics import read_jsonl
 
@@ -59,3 +62,37 @@ def round28_run() -> tuple[int, float, float]:
     ds_config = json.loads((run_dir / "ds_config.json").read_text())
     share = offloaded_params(offloaded(ds_config), sub_group_size(ds_config))
     return params, share * params, median_timers(run_dir)["step"]
+
+
+OUT_OF_MEMORY = {"37": (("labs57", "60.1% offloaded, 27 layers checkpointed, 0.57 of 3e8 sub-groups"),)}
+
+
+def out_of_memory_lines() -> list[str]:
+    """labs runs that ran out of GPU memory, from their job logs: what PyTorch had allocated and held reserved but
+    unallocated (labs.memory predicts allocated memory only)."""
+    out = []
+    for n, runs in OUT_OF_MEMORY.items():
+        for name, what in runs:
+            log = (H100 / f"round{n}" / f"{name}.job.log").read_text()
+            found = re.search(r"Tried to allocate ([\d.]+) GiB.*?([\d.]+) GiB is allocated by PyTorch, and "
+                              r"([\d.]+) GiB is reserved by PyTorch but unallocated", log)
+            out.append(f"round {n} {name} ({what}): out of GPU memory asking {found[1]} GiB, with {found[2]} GiB "
+                       f"allocated and {found[3]} GiB reserved by PyTorch but unallocated")
+    return out
+
+
+def host_lines(found: dict) -> list[str]:
+    """The host of each labs run sampled each second (tools/host_memory.sh, round 37 on): the training rank's peak
+    private and shared memory, the host's least available memory, against labs.memory's host figure for the run."""
+    out = []
+    for n, f in found["rounds"].items():
+        for r in f["labs"] + f["others"]:
+            folder = H100 / f"round{n}" / r["run"]
+            if not (folder / "host_samples.txt").exists():
+                continue
+            host = host_samples.read(folder, free_txt=H100 / f"round{n}" / "host_memory.txt")
+            out.append(f"round {n} {r['run']}'s host, sampled each second: the training rank at most "
+                       f"{host['rank_at_tightest_gib']:.1f} GiB (private plus shared, at the tightest second), the "
+                       f"host's least available {host['least_available_gib']:.1f} of {host['total_gib']:.0f} GiB; "
+                       f"labs.memory's host figure {memory.from_run(folder).host_per_node_bytes / 2**30:.1f} GiB")
+    return out

@@ -31,11 +31,15 @@ from labs.course.one_card_runs import H100, cpu_model, offloaded_params
 from labs.table import Table
 
 STOCK_CONFIG = "bench/stock_zero3_offload.json"
-ROUNDS = {   # round: (stock runs, labs runs), each in the order they ran
-    "32": (("stock70_mb2", "stock60_mb1", "stock70_mb2_again", "stock80_mb4"), ("labs_copy", "labs_copy_again")),
-    "34": (("stock65_sg5", "stock70_mb2", "stock80_mb1_nock", "stock65_sg5_again"), ("labs_copy", "labs_copy_again")),
-    "35": (("stock61_sg8", "stock61_sg8_again"), ("labs_copy",)),
-    "36": (("stock61_sg2",), ("labs_copy",)),
+ROUNDS = {   # round: (stock runs, labs' row, other labs runs), each in the order they ran
+    "32": (("stock70_mb2", "stock60_mb1", "stock70_mb2_again", "stock80_mb4"), ("labs_copy", "labs_copy_again"), ()),
+    "34": (("stock65_sg5", "stock70_mb2", "stock80_mb1_nock", "stock65_sg5_again"), ("labs_copy", "labs_copy_again"),
+           ()),
+    "35": (("stock61_sg8", "stock61_sg8_again"), ("labs_copy",), ()),
+    "36": (("stock61_sg2",), ("labs_copy",), ()),
+    # labs' row searched like stock's: 62.2% offloaded, 27 layers checkpointed, the copies overlapped; beside it the
+    # same row waiting after each sub-group's copy (LABS_OFFLOAD_COPY=gpu-wait)
+    "37": (("stock61_sg2",), ("labs61",), ("labs61_wait",)),
 }
 SPLITS = ((1, 8), (2, 4), (4, 2), (8, 1))
 CHECKPOINTING = ("full", "none")
@@ -115,17 +119,26 @@ def grid() -> tuple[dict, ...]:
 
 def rounds() -> dict[str, dict]:
     """Each round's runs (labs.course.offload_copy_report.run, with the sub-group size), stock's fastest, labs'
-    slower, and labs' slower over stock's fastest: the like-for-like ratio, one host, the same tokens per step."""
+    slower run of its row, labs' slower over stock's fastest (the like-for-like ratio, one host, the same tokens per
+    step), and which row labs ran (row_of)."""
     found = {}
-    for n, (stock_names, labs_names) in ROUNDS.items():
+    for n, (stock_names, labs_names, other_names) in ROUNDS.items():
         folder = H100 / f"round{n}"
-        stock, labs_runs = ([_run(folder / name, n) for name in names] for names in (stock_names, labs_names))
-        assert len({r["tokens_per_step"] for r in stock + labs_runs}) == 1, "like for like: the same tokens per step"
+        stock, labs_runs, others = ([_run(folder / name, n) for name in names]
+                                    for names in (stock_names, labs_names, other_names))
+        assert len({r["tokens_per_step"] for r in stock + labs_runs + others}) == 1, "like for like: tokens per step"
+        assert len({row_of(r) for r in labs_runs}) == 1, f"round {n}: one row of labs"
         best = max(stock, key=lambda r: r["tokens_per_s"])
         slower = min(labs_runs, key=lambda r: r["tokens_per_s"])
-        found[n] = dict(stock=stock, labs=labs_runs, best=best, labs_slower=slower,
+        found[n] = dict(stock=stock, labs=labs_runs, others=others, best=best, labs_slower=slower, row=row_of(slower),
                         cpu_model=cpu_model(folder / "cpu.txt"), ratio=slower["tokens_per_s"] / best["tokens_per_s"])
     return found
+
+
+def row_of(run_found: dict) -> str:
+    """Which row of labs a run is: its share of parameters offloaded, layers checkpointed and copy."""
+    return (f"{run_found['offloaded_params']:.1%} offloaded, {run_found['checkpointed']} layers checkpointed, "
+            f"{run_found['copy']} copy")
 
 
 def _run(run_dir, round_name: str) -> dict:
@@ -155,7 +168,8 @@ def unrun(found: dict | None = None) -> list[dict]:
         step_s = (nearest["tokens_per_step"] / nearest["tokens_per_s"] - nearest["optimizer_step_s"]
                   * (1 - cell["offloaded_params"] / nearest["offloaded_params"]))
         estimate = nearest["tokens_per_step"] / step_s
-        rows.append(dict(cell, estimated_from=f"{nearest['round']} {nearest['run']}", estimated_tokens_per_s=estimate,
+        rows.append(dict(cell, round=nearest["round"], estimated_from=f"{nearest['round']} {nearest['run']}",
+                         estimated_tokens_per_s=estimate,
                          labs_over_estimate=found[nearest["round"]]["labs_slower"]["tokens_per_s"] / estimate))
     return rows
 
@@ -197,21 +211,27 @@ def lines(found: dict | None = None) -> list[str]:
            "split, so the search is ZeRO-3's"]
     out += [f"round {n} (CPU model {f['cpu_model']}): stock's fastest {f['best']['tokens_per_s']:,.0f} tokens/s "
             f"({f['best']['run']}: {f['best']['batch']}, {f['best']['offloaded_params']:.1%} of the parameters "
-            f"offloaded, checkpointing {f['best']['checkpointed']}); labs' row "
+            f"offloaded, checkpointing {f['best']['checkpointed']}); labs' row ({f['row']}) "
             + " and ".join(f"{r['tokens_per_s']:,.0f}" for r in f["labs"]) + f" (optimizer step "
             + " and ".join(f"{r['optimizer_step_s']:.2f}" for r in f["labs"]) + f" s): labs' slower over stock's "
-            f"fastest {f['ratio']:.2f}x" for n, f in found.items()]
+            f"fastest {f['ratio']:.2f}x" + "".join(
+                f"; {r['run']} ({row_of(r)}) {r['tokens_per_s']:,.0f} (optimizer step {r['optimizer_step_s']:.2f} s)"
+                for r in f["others"]) for n, f in found.items()]
+    for row in dict.fromkeys(f["row"] for f in found.values()):
+        runs = [r for f in found.values() if f["row"] == row for r in f["labs"]]
+        steps, speeds = [r["optimizer_step_s"] for r in runs], [r["tokens_per_s"] for r in runs]
+        names = [n for n, f in found.items() if f["row"] == row]
+        span = lambda values, fmt: (format(values[0], fmt) if len(values) == 1 else
+                                    f"{format(min(values), fmt)}-{format(max(values), fmt)}")
+        out.append(f"labs' row {row}, in round{'s' if len(names) > 1 else ''} {', '.join(names)} (one machine each): "
+                   f"{span(speeds, ',.0f')} tokens/s, optimizer step {span(steps, '.2f')} s")
     labs_runs = [r for f in found.values() for r in f["labs"]]
-    steps = [r["optimizer_step_s"] for r in labs_runs]
-    speeds = [r["tokens_per_s"] for r in labs_runs]
-    out.append(f"labs' row in these {len(found)} rounds (one machine each): {min(speeds):,.0f}-{max(speeds):,.0f} "
-               f"tokens/s, optimizer step {min(steps):.2f}-{max(steps):.2f} s")
     stock = max((r for f in found.values() for r in f["stock"]), key=lambda r: r["tokens_per_s"])
     labs_slowest = min(labs_runs, key=lambda r: r["tokens_per_s"])
     out.append(f"across machines, not like for like: labs' slowest run of all ({labs_slowest['tokens_per_s']:,.0f}, "
                f"round {labs_slowest['round']}) over stock's fastest of all ({stock['tokens_per_s']:,.0f}, round "
                f"{stock['round']}): {labs_slowest['tokens_per_s'] / stock['tokens_per_s']:.2f}x")
-    missed = [r for f in found.values() for r in f["stock"] + f["labs"]
+    missed = [r for f in found.values() for r in f["stock"] + f["labs"] + f["others"]
               if abs(r["gpu_gib"] - r["predicted_gpu_gib"]) > 0.1]
     out.append("labs.memory's GPU peak against the measured one: " + ("; ".join(
         f"{r['run']} (round {r['round']}) predicted {r['predicted_gpu_gib']:.2f}, measured {r['gpu_gib']:.2f}"

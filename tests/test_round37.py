@@ -1,0 +1,66 @@
+"""Round 37 on a real H100 (2026-12-06): labs' one-card 7B row searched as stock's was (62.2% of the parameters
+offloaded with 27 layers checkpointed, the share stock's best offloads) and with labs' copy no longer waiting after
+each sub-group (labs.offload_copy), beside stock's best setup and the same row waiting after each sub-group. Each test
+checks the readings against the files, and the verdict's rule."""
+import json
+
+import pytest
+
+from conftest import ROOT
+from labs import config as config_lib, memory
+from labs.course import offload_vs_stock, stock_search
+
+ROUND37 = stock_search.H100 / "round37"
+
+
+def test_the_committed_61_percent_config_is_the_one_round_37_ran():
+    """bench/labs_zero3_offload_61.json is the config labs' row of round 37 was given, key for key: the 70% config with
+    the share and the sub-group size changed, nothing else."""
+    committed = json.loads((ROOT / "ds_configs" / "bench" / "labs_zero3_offload_61.json").read_text())
+    assert committed == json.loads((ROUND37 / "labs_zero3_offload_61.json").read_text())
+    seventy = config_lib.load("bench/labs_zero3_offload_70.json")
+    seventy["zero_optimization"]["offload_optimizer"]["ratio"] = 0.61
+    seventy["zero_optimization"]["sub_group_size"] = 200000000
+    assert committed == seventy
+    assert offload_vs_stock.recipe_row()["config"] == "labs_zero3_offload_61.json"
+
+
+def test_labs_row_searched_fits_where_labs_memory_says_and_the_fewer_offloaded_does_not():
+    """labs.memory predicts the 62.2% row to fit an H100 with 3 GiB to spare (measured within 0.1 GiB), and the 60.1%
+    row (0.57 of 3e8) with next to nothing: that run ran out of memory on the card, with 4.9 GiB held by PyTorch's
+    allocator unused, which labs.memory does not model."""
+    found = stock_search.rounds()["37"]
+    row = found["labs"][0]
+    assert (row["offloaded_params"], row["checkpointed"]) == (pytest.approx(0.622, abs=5e-4), "27")
+    assert row["gpu_gib"] == pytest.approx(row["predicted_gpu_gib"], abs=0.1)
+    assert row["predicted_gpu_gib"] < memory.usable_bytes("H100") / 2**30 - 2.5
+    log = (ROUND37 / "labs57.job.log").read_text()
+    assert "OutOfMemoryError" in log and "4.91 GiB is reserved by PyTorch but unallocated" in log
+
+
+def test_the_overlap_alone_shortens_the_step_and_changes_no_loss():
+    """The same row twice on one host, the copies overlapped (the default) and waiting after each sub-group
+    (LABS_OFFLOAD_COPY=gpu-wait, recorded): the overlapped optimizer step is shorter by about a fifth of a second, the
+    losses agree to GPU noise (as two runs of one setup do)."""
+    found = stock_search.rounds()["37"]
+    overlapped, waited = found["labs"][0], found["others"][0]
+    assert (overlapped["copy"], waited["copy"]) == ("labs' overlapped", "labs'")
+    recorded = json.loads((ROUND37 / "labs61_wait" / "environment.json").read_text())
+    assert recorded["LABS_OFFLOAD_COPY"] == "gpu-wait" and recorded["offload_copy"] == "gpu-wait"
+    assert waited["optimizer_step_s"] - overlapped["optimizer_step_s"] > 0.15
+    assert overlapped["tokens_per_s"] > 1.03 * waited["tokens_per_s"]
+    assert max(abs(a - b) for a, b in zip(overlapped["losses"], waited["losses"], strict=True)) < 2e-3
+
+
+def test_the_verdict_judges_labs_row_as_it_stands_and_needs_two_machines():
+    """The target is judged on the rounds that ran labs' row as the latest round ran it; above 1.5x on one machine is
+    "not established" (the earlier row moved 1.44-1.57x across four machines), below it on any is "not met"."""
+    found = offload_vs_stock.stock_best()
+    assert found["row"] == stock_search.rounds()["37"]["row"] and "37" in found["judged"]
+    assert not {"32", "34", "35", "36"} & set(found["judged"])
+    target = offload_vs_stock.target(found)
+    ratios = [found["rounds"][n]["ratio"] for n in found["judged"]]
+    expected = ("not met" if min(ratios) < 1.5 else "met" if len(ratios) >= 2 else "not established")
+    assert target["verdict"] == expected and target["machines"] == len(ratios)
+    assert all(u["estimated_tokens_per_s"] < found["rounds"][u["round"]]["best"]["tokens_per_s"]
+               for u in stock_search.unrun(found["rounds"]))
