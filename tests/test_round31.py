@@ -73,8 +73,9 @@ def test_the_readme_quotes_the_readings():
     figures = [f"{best['tokens_per_s']:,.0f}: ZeRO-3 with {best['offloaded_params']:.1%} of the parameters'",
                f"{slower['tokens_per_s']:,.0f}: ZeRO-3 with {slower['offloaded_params']:.1%} offloaded",
                f"{found['conservative']:.2f}x (labs' row as it stands, round {found['deciding']}, {machines}): "
-               f"{target['verdict']}; labs' earlier row (71.4% offloaded): " + ", ".join(earlier[:-1]) + " and "
-               + earlier[-1] + f" on {words[len(earlier)]} machines",
+               f"{target['verdict']}",
+               "labs' earlier row (71.4% offloaded): " + ", ".join(earlier[:-1]) + " and " + earlier[-1]
+               + f" on {words[len(earlier)]} machines",
                f"{slower['mfu']:.1%} ({slower['mfu_causal']:.1%})",
                f"{runs['ds_copy']['optimizer_step_s']:.2f}-{runs['ds_copy_again']['optimizer_step_s']:.2f} s to "
                f"{runs['labs_copy']['optimizer_step_s']:.2f} s",

@@ -76,8 +76,12 @@ def out_of_memory_lines() -> list[str]:
             log = (H100 / f"round{n}" / f"{name}.job.log").read_text()
             found = re.search(r"Tried to allocate ([\d.]+) GiB.*?([\d.]+) GiB is allocated by PyTorch, and "
                               r"([\d.]+) GiB is reserved by PyTorch but unallocated", log)
-            out.append(f"round {n} {name} ({what}): out of GPU memory asking {found[1]} GiB, with {found[2]} GiB "
-                       f"allocated and {found[3]} GiB reserved by PyTorch but unallocated")
+            predicted = memory.estimate("qwen2.5-7b", ds_config=json.loads(
+                (H100 / f"round{n}" / f"labs_zero3_offload_{name[4:]}.json").read_text()), micro_batch=8, grad_accum=1,
+                loss="liger", kernels="liger", activation_checkpointing=27, seq_len=4096).total_per_gpu_bytes / 2**30
+            out.append(f"round {n} {name} ({what}; labs.memory predicted {predicted:.2f} GiB): out of GPU memory "
+                       f"asking {found[1]} GiB, with {found[2]} GiB allocated and {found[3]} GiB reserved by PyTorch "
+                       "but unallocated")
     return out
 
 

@@ -10,10 +10,12 @@ what the search minimises. labs.memory says which setups fit; the runs (results/
   labs' row twice;
 - round 35 (another): 2 x 4 at 61% with 8e8 sub-groups twice, labs' row between;
 - round 36 (another): 2 x 4 at 61% with 2e8 sub-groups, the least stock can offload and fit at its fastest split
-  (grid(), once labs.memory counted sub-groups as DeepSpeed does), then labs' row.
+  (grid(), once labs.memory counted sub-groups as DeepSpeed does), then labs' row;
+- rounds 37 and 38 (two more): labs' row as it stands (the share stock's best offloads, 27 layers checkpointed, the
+  copies overlapped), stock's round-36 setup, and labs' row waiting after each sub-group's copy (another labs run).
 
-Every ratio divides a labs run by a stock run of the same round: hosts differ (labs' row ran 5,939-6,516 tokens/s
-across rounds 31-36, printed by lines()).
+Every ratio divides a labs run by a stock run of the same round: hosts differ (labs' earlier row ran 5,939-6,516
+tokens/s across rounds 31-36, printed by lines()).
 
     stock_search.grid()      # per split and checkpointing: the least offloaded that fits, and the setting for it
     stock_search.rounds()    # each round's runs, stock's fastest and labs' slower, and their ratio
@@ -40,6 +42,7 @@ ROUNDS = {   # round: (stock runs, labs' row, other labs runs), each in the orde
     # labs' row searched like stock's: 62.2% offloaded, 27 layers checkpointed, the copies overlapped; beside it the
     # same row waiting after each sub-group's copy (LABS_OFFLOAD_COPY=gpu-wait)
     "37": (("stock61_sg2",), ("labs61",), ("labs61_wait",)),
+    "38": (("stock61_sg2",), ("labs61",), ("labs61_wait",)),
 }
 SPLITS = ((1, 8), (2, 4), (4, 2), (8, 1))
 CHECKPOINTING = ("full", "none")
@@ -213,8 +216,9 @@ def lines(found: dict | None = None) -> list[str]:
             f"({f['best']['run']}: {f['best']['batch']}, {f['best']['offloaded_params']:.1%} of the parameters "
             f"offloaded, checkpointing {f['best']['checkpointed']}); labs' row ({f['row']}) "
             + " and ".join(f"{r['tokens_per_s']:,.0f}" for r in f["labs"]) + f" (optimizer step "
-            + " and ".join(f"{r['optimizer_step_s']:.2f}" for r in f["labs"]) + f" s): labs' slower over stock's "
-            f"fastest {f['ratio']:.2f}x" + "".join(
+            + " and ".join(f"{r['optimizer_step_s']:.2f}" for r in f["labs"]) + " s): labs' "
+            + ("slower run" if len(f["labs"]) > 1 else "run") + f" over stock's "
+            + ("fastest" if len(f["stock"]) > 1 else "run") + f" {f['ratio']:.2f}x" + "".join(
                 f"; {r['run']} ({row_of(r)}) {r['tokens_per_s']:,.0f} (optimizer step {r['optimizer_step_s']:.2f} s)"
                 for r in f["others"]) for n, f in found.items()]
     for row in dict.fromkeys(f["row"] for f in found.values()):

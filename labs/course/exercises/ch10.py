@@ -59,11 +59,11 @@ def _native_pinning_split_host_7b():
     return found["host_gib"]
 
 
-@exercise("10.5", "labs' copy of the updated weights (next section) page-locks each of ZeRO-3's fp32 masters once and "
+@exercise("10.5", "labs' copy of the updated weights (this section) page-locks each of ZeRO-3's fp32 masters once and "
           "copies the fp32 bytes to the GPU, which casts them there. From round 29's parts printed above (the copy "
           "DeepSpeed makes, cast on the CPU, and the same fp32 bytes copied uncast from page-locked memory, both "
-          "scaled to the 7B row's offloaded parameters), by how many seconds should it shorten the 7B row's "
-          "optimizer step?", "s", rel=0.05,
+          "scaled to the parameters round 28's 7B row offloaded: 70% of 5e8 sub-groups), by how many seconds should "
+          "it shorten that row's optimizer step?", "s", rel=0.05,
           hint="the copy still happens: what goes is the difference between DeepSpeed's cast copy and the uncast "
                "copy from page-locked memory, not the whole cast copy; the page-locking itself happens once, at the "
                "first step")
