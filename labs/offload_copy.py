@@ -19,8 +19,9 @@ Without the page-locking it gained nothing (round 30: 0.97x).
 
 Nor does the step wait for each sub-group's copy any more (round 37): DeepSpeed updates the sub-groups one after
 another, and a copy only reads a master that CPU Adam has finished with, so the copy of one sub-group runs on the GPU's
-stream while CPU Adam updates the next, and the step waits once, after its last sub-group. LABS_OFFLOAD_COPY=gpu-wait
-keeps the wait after every sub-group (rounds 31-36), to compare.
+stream while CPU Adam updates the next, and the step waits once, after its last sub-group. On the one-card 7B at 62.2%
+offloaded that ran 1.05x and 1.08x the same row waiting after each sub-group, on two hosts (rounds 37 and 38), with
+the same losses. LABS_OFFLOAD_COPY=gpu-wait keeps the wait after every sub-group (rounds 31-36), to compare.
 
 The two chunked copies also serve labs.zenflow_host, whose ZenFlow copy-back had the same blocking cast and whose
 buffers labs page-locks itself.

@@ -1,7 +1,7 @@
-"""Rounds 37 and 38, each on a fresh real H100 (2026-12-06): labs' one-card 7B row searched as stock's was (62.2% of the parameters
-offloaded with 27 layers checkpointed, the share stock's best offloads) and with labs' copy no longer waiting after
-each sub-group (labs.offload_copy), beside stock's best setup and the same row waiting after each sub-group. Each test
-checks the readings against the files, and the verdict's rule."""
+"""Rounds 37 and 38, each on a fresh real H100 (2026-12-06): labs' one-card 7B row set to offload what stock's best
+offloads (62.2% of the parameters, 27 layers checkpointed) and with labs' copy no longer waiting after each sub-group
+(labs.offload_copy), beside stock's best setup and the same row waiting after each sub-group. Each test checks the
+readings against the files, and the verdict's rule."""
 import json
 
 import pytest

@@ -229,10 +229,12 @@ def lines(found: dict | None = None) -> list[str]:
                                     f"{format(min(values), fmt)}-{format(max(values), fmt)}")
         out.append(f"labs' row {row}, in round{'s' if len(names) > 1 else ''} {', '.join(names)} (one machine each): "
                    f"{span(speeds, ',.0f')} tokens/s, optimizer step {span(steps, '.2f')} s")
-    labs_runs = [r for f in found.values() for r in f["labs"]]
+    latest = found[max(found, key=int)]["row"]
+    labs_runs = [r for f in found.values() if f["row"] == latest for r in f["labs"]]
     stock = max((r for f in found.values() for r in f["stock"]), key=lambda r: r["tokens_per_s"])
     labs_slowest = min(labs_runs, key=lambda r: r["tokens_per_s"])
-    out.append(f"across machines, not like for like: labs' slowest run of all ({labs_slowest['tokens_per_s']:,.0f}, "
+    out.append(f"across machines, not like for like: labs' row as it stands, its slowest run "
+               f"({labs_slowest['tokens_per_s']:,.0f}, "
                f"round {labs_slowest['round']}) over stock's fastest of all ({stock['tokens_per_s']:,.0f}, round "
                f"{stock['round']}): {labs_slowest['tokens_per_s'] / stock['tokens_per_s']:.2f}x")
     missed = [r for f in found.values() for r in f["stock"] + f["labs"] + f["others"]
