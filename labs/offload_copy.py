@@ -186,9 +186,10 @@ def install() -> bool:
 
     global _WAIT_EACH
     name = "_reassign_or_swap_out_partitioned_parameters"
-    if chosen() == "deepspeed":
+    choice = chosen()
+    if choice == "deepspeed":
         return False
-    _WAIT_EACH = chosen() == "gpu-wait"
+    _WAIT_EACH = choice == "gpu-wait"
     if getattr(Stage3, name) is _reassign_or_swap_out_partitioned_parameters:
         return True
     if source_sha256(getattr(Stage3, name)) != RESTATED_SHA256:

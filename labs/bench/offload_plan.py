@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import copy
 
-from labs import CONFIGS, config, memory, models
+from labs import CONFIGS, config, memory, models, resolve
 from labs.memory import layout
 from labs.memory.units import GiB
 
@@ -76,11 +76,12 @@ def rows(preset: str = "qwen2.5-7b", cards=CARDS, gpus: int = 1, batch_per_gpu: 
                     found = fewest_checkpointed(preset, ds_config, card, micro_batch, grad_accum, gpus, seq_len,
                                                 how.get("host_pinning", "torch"))
                     if found:
-                        share = 1.0 if ratio is None else ratio
-                        sub_group = ds_config["zero_optimization"].get("sub_group_size", 1e9)
-                        params_share = share if share == 1.0 else layout.zero3_offloaded_share(
-                            models.shape(preset), share, sub_group)       # whole sub-groups: more than the setting
+                        sub_group = ds_config["zero_optimization"].get(
+                            "sub_group_size", resolve.ZERO_DEFAULTS["sub_group_size"])
+                        params_share = 1.0 if ratio is None else layout.zero3_offloaded_share(
+                            models.shape(preset), ratio, sub_group)       # whole sub-groups: more than the setting
                         out.append(dict(card=card, setup=setup, batch=f"{micro_batch} x {grad_accum}",
-                                        offloaded=share, offloaded_params=params_share, config=how["config"], **found))
+                                        offloaded=1.0 if ratio is None else ratio, offloaded_params=params_share,
+                                        config=how["config"], **found))
                         break
     return out

@@ -31,7 +31,7 @@ def stock_best() -> dict:
     slower run over stock's fastest is smallest; in it, labs' mean over the mean of stock's runs of its fastest setup.
     Also labs' own 2 x 4 of round 26 (capped H200), whose losses stock's 2 x 4 follows."""
     found = stock_search.rounds()
-    row = found[max(found, key=int)]["row"]
+    row = stock_search.latest_row(found)
     judged = [n for n in found if found[n]["row"] == row]
     deciding = min(judged, key=lambda n: found[n]["ratio"])
     here = found[deciding]

@@ -8,7 +8,7 @@ import json
 import re
 import statistics
 
-from labs import RESULTS, memory, models
+from labs import RESULTS, memory, models, resolve
 from labs.course import host_samples
 from labs.memory.layout import zero3_offloaded_share
 from labs.metrics import read_jsonl
@@ -32,7 +32,7 @@ def offloaded(ds_config: dict) -> float:
 
 def sub_group_size(ds_config: dict) -> float:
     """A resolved config's `sub_group_size`, DeepSpeed's default (1e9) where unset."""
-    return float(ds_config["zero_optimization"].get("sub_group_size", 1e9))
+    return float(ds_config["zero_optimization"].get("sub_group_size", resolve.ZERO_DEFAULTS["sub_group_size"]))
 
 
 def offloaded_params(share: float, sub_group: float, preset: str = "qwen2.5-7b") -> float:
@@ -64,7 +64,10 @@ def round28_run() -> tuple[int, float, float]:
     return params, share * params, median_timers(run_dir)["step"]
 
 
-OUT_OF_MEMORY = {"37": (("labs57", "60.1% offloaded, 27 layers checkpointed, 0.57 of 3e8 sub-groups"),)}
+# round: (run, what it was, its config in the round's folder, the `labs train` options it ran with)
+OUT_OF_MEMORY = {"37": (("labs57", "60.1% offloaded, 27 layers checkpointed, 0.57 of 3e8 sub-groups",
+                         "labs_zero3_offload_57.json", dict(micro_batch=8, grad_accum=1, loss="liger",
+                                                            kernels="liger", activation_checkpointing=27)),)}
 
 
 def out_of_memory_lines() -> list[str]:
@@ -72,13 +75,13 @@ def out_of_memory_lines() -> list[str]:
     unallocated (labs.memory predicts allocated memory only)."""
     out = []
     for n, runs in OUT_OF_MEMORY.items():
-        for name, what in runs:
+        for name, what, config_file, options in runs:
             log = (H100 / f"round{n}" / f"{name}.job.log").read_text()
             found = re.search(r"Tried to allocate ([\d.]+) GiB.*?([\d.]+) GiB is allocated by PyTorch, and "
                               r"([\d.]+) GiB is reserved by PyTorch but unallocated", log)
-            predicted = memory.estimate("qwen2.5-7b", ds_config=json.loads(
-                (H100 / f"round{n}" / f"labs_zero3_offload_{name[4:]}.json").read_text()), micro_batch=8, grad_accum=1,
-                loss="liger", kernels="liger", activation_checkpointing=27, seq_len=4096).total_per_gpu_bytes / 2**30
+            ds_config = json.loads((H100 / f"round{n}" / config_file).read_text())
+            predicted = memory.estimate("qwen2.5-7b", ds_config=ds_config, seq_len=4096,
+                                        **options).total_per_gpu_bytes / 2**30
             out.append(f"round {n} {name} ({what}; labs.memory predicted {predicted:.2f} GiB): out of GPU memory "
                        f"asking {found[1]} GiB, with {found[2]} GiB allocated and {found[3]} GiB reserved by PyTorch "
                        "but unallocated")

@@ -138,6 +138,11 @@ def rounds() -> dict[str, dict]:
     return found
 
 
+def latest_row(found: dict) -> str:
+    """labs' row as the latest round ran it: the row the target judges."""
+    return found[max(found, key=int)]["row"]
+
+
 def row_of(run_found: dict) -> str:
     """Which row of labs a run is: its share of parameters offloaded, layers checkpointed and copy."""
     return (f"{run_found['offloaded_params']:.1%} offloaded, {run_found['checkpointed']} layers checkpointed, "
@@ -225,12 +230,9 @@ def lines(found: dict | None = None) -> list[str]:
         runs = [r for f in found.values() if f["row"] == row for r in f["labs"]]
         steps, speeds = [r["optimizer_step_s"] for r in runs], [r["tokens_per_s"] for r in runs]
         names = [n for n, f in found.items() if f["row"] == row]
-        span = lambda values, fmt: (format(values[0], fmt) if len(values) == 1 else
-                                    f"{format(min(values), fmt)}-{format(max(values), fmt)}")
         out.append(f"labs' row {row}, in round{'s' if len(names) > 1 else ''} {', '.join(names)} (one machine each): "
-                   f"{span(speeds, ',.0f')} tokens/s, optimizer step {span(steps, '.2f')} s")
-    latest = found[max(found, key=int)]["row"]
-    labs_runs = [r for f in found.values() if f["row"] == latest for r in f["labs"]]
+                   f"{_span(speeds, ',.0f')} tokens/s, optimizer step {_span(steps, '.2f')} s")
+    labs_runs = [r for f in found.values() if f["row"] == latest_row(found) for r in f["labs"]]
     stock = max((r for f in found.values() for r in f["stock"]), key=lambda r: r["tokens_per_s"])
     labs_slowest = min(labs_runs, key=lambda r: r["tokens_per_s"])
     out.append(f"across machines, not like for like: labs' row as it stands, its slowest run "
@@ -243,3 +245,8 @@ def lines(found: dict | None = None) -> list[str]:
         f"{r['run']} (round {r['round']}) predicted {r['predicted_gpu_gib']:.2f}, measured {r['gpu_gib']:.2f}"
         for r in missed) if missed else "within 0.1 GiB in every run"))
     return out
+
+
+def _span(values: list[float], fmt: str) -> str:
+    """One value, or the range of several, each in `fmt`."""
+    return format(values[0], fmt) if len(values) == 1 else f"{format(min(values), fmt)}-{format(max(values), fmt)}"
