@@ -81,3 +81,24 @@ def test_round_38_ran_what_round_37_ran_and_the_parts_say_the_host_moves_cpu_ada
     assert parts["38"]["cpu_adam_s"] > 1.1 * parts["31"]["cpu_adam_s"]
     assert parts["38"]["copy_to_gpu_fp32_registered_s"] == pytest.approx(parts["31"]["copy_to_gpu_fp32_registered_s"],
                                                                         rel=0.05)
+
+
+def test_the_readmes_quote_rounds_37_and_38_as_read():
+    """The project README's row and paragraph, and the results README, state rounds 37 and 38's speeds, ratios (the
+    waiting row's too) and round 38's parts as the files give them."""
+    from conftest import unquoted
+    found = stock_search.rounds()
+    r37, r38 = found["37"], found["38"]
+    speeds = lambda key: " and ".join(f"{f[key]['tokens_per_s']:,.0f}" for f in (r37, r38))
+    waited = [f["others"][0] for f in (r37, r38)]
+    parts = {n: json.loads((stock_search.H100 / f"round{n}" / "offload_step_parts.txt").read_text().splitlines()[-1])
+             for n in ("31", "38")}
+    figures = [f"labs {speeds('labs_slower')} tokens/s, stock's best {speeds('best')}",
+               f"{r37['ratio']:.2f}x and {r38['ratio']:.2f}x",
+               " and ".join(f"{w['tokens_per_s']:,.0f}" for w in waited),          # the row waiting per sub-group
+               " and ".join(f"{w['tokens_per_s'] / f['best']['tokens_per_s']:.2f}x" for w, f in zip(waited, (r37, r38))),
+               f"{parts['31']['cpu_adam_s']:.3f} and {parts['38']['cpu_adam_s']:.3f} s per 10^9"]
+    assert unquoted(ROOT / "README.md", figures) == []
+    waited_speeds = " and ".join(f"{w['tokens_per_s']:,.0f}" for w in waited)
+    results = f"wait {waited_speeds}, stock {speeds('best')}"
+    assert unquoted(ROOT / "results" / "README.md", [results]) == []
