@@ -22,7 +22,6 @@ def test_the_committed_61_percent_config_is_the_one_round_37_ran():
     seventy["zero_optimization"]["offload_optimizer"]["ratio"] = 0.61
     seventy["zero_optimization"]["sub_group_size"] = 200000000
     assert committed == seventy
-    assert offload_vs_stock.recipe_row()["config"] == "labs_zero3_offload_61.json"
 
 
 def test_labs_row_searched_fits_where_labs_memory_says_and_the_fewer_offloaded_does_not():
@@ -56,19 +55,19 @@ def test_the_overlap_alone_shortens_the_step_and_changes_no_loss(round_name):
     assert overlapped["tokens_per_s"] >= 1.5 * stock > waited["tokens_per_s"]
 
 
-def test_the_verdict_judges_labs_row_as_it_stands_and_needs_two_machines():
-    """The target is judged on the rounds that ran labs' row as the latest round ran it; above 1.5x on one machine is
-    "not established" (the earlier row moved 1.44-1.57x across four machines), below it on any is "not met"."""
-    found = offload_vs_stock.stock_best()
-    assert found["row"] == stock_search.rounds()["37"]["row"] and found["judged"] == ["37", "38"]
-    assert not {"32", "34", "35", "36"} & set(found["judged"])
-    target = offload_vs_stock.target(found)
-    ratios = [found["rounds"][n]["ratio"] for n in found["judged"]]
-    expected = ("not met" if min(ratios) < 1.5 else "met" if len(ratios) >= 2 else "not established")
-    assert target["verdict"] == expected and target["machines"] == len(ratios)
-    assert all(u["estimated_tokens_per_s"] < found["rounds"][u["round"]]["best"]["tokens_per_s"]
-               for u in stock_search.unrun(found["rounds"]))
-    assert target["verdict"] == "met" and found["deciding"] == "37"     # 1.535x there, 1.566x in round 38
+def test_rounds_37_and_38_cleared_the_line_and_round_39_put_the_same_row_under_it():
+    """The 62.2% row was labs' row in rounds 37 and 38 and cleared 1.5x stock's best on both (the verdict then said
+    met, narrowly); round 39's blind repeat put its slower run under 1.5x. Judged on that row the target would be not
+    met; labs' row since is another (tests/test_round39.py), and these ratios are reported as an earlier row's."""
+    found = stock_search.rounds()
+    row = found["37"]["row"]
+    assert found["38"]["row"] == row != found["39"]["row"]
+    ratios = stock_search.row_ratios(found)[row]
+    assert [n for n, _, _ in ratios] == ["37", "38", "39"]
+    assert all(ratio >= 1.5 for n, ratio, _ in ratios if n != "39") and ratios[-1][1] < 1.5
+    assert all(u["estimated_tokens_per_s"] < found[u["round"]]["best"]["tokens_per_s"]
+               for u in stock_search.unrun(found))
+    assert offload_vs_stock.stock_best()["row"] != row
 
 
 def test_round_38_ran_what_round_37_ran_and_the_parts_say_the_host_moves_cpu_adam():

@@ -1,7 +1,7 @@
 """Chapter 10's 7B row with labs' copy against stock's offload setups on the same card, at the same 32,768 tokens per
-optimizer step: rounds 32 and 34-38 (results/gpu/one_card_7b_1xh100, one machine each), each with stock's setups and
+optimizer step: rounds 32 and 34-39 (results/gpu/one_card_7b_1xh100, one machine each), each with stock's setups and
 labs' row on one host; labs.course.stock_search says which stock setups fit and reads the runs. The target is judged
-on labs' row as the latest round ran it (rounds 37-38); earlier rounds ran an earlier row. With round 31's A/B
+on labs' row as the latest round ran it (round 39 on); earlier rounds ran earlier rows. With round 31's A/B
 (labs.course.offload_copy_report), what chapter 10 shows.
 
     offload_vs_stock.stock_best()     # every run, each round's ratio, the deciding round, and labs' own 2 x 4 losses
@@ -61,8 +61,11 @@ def loss_gaps(found: dict | None = None, ab: dict | None = None) -> dict[str, fl
                 stock_vs_labs_2x4=max(gap(r["losses"], found["labs_2x4_losses"]) for r in stock_2x4),
                 copy_alone=max(gap(copies["labs_copy"]["losses"], copies[n]["losses"])
                                for n in ("ds_copy", "ds_copy_again")),
-                overlap_alone=max(gap(a["losses"], b["losses"]) for f in found["rounds"].values() for a in f["labs"]
-                                  for b in f["others"] if a["copy"] == "labs' overlapped" and b["copy"] == "labs'"),
+                overlap_alone=max(gap(a["losses"], b["losses"]) for f in found["rounds"].values()
+                                  for a in f["labs"] + f["others"] for b in f["others"]
+                                  if (a["copy"], b["copy"]) == ("labs' overlapped", "labs'")
+                                  and (a["offloaded_params"], a["checkpointed"]) ==
+                                  (b["offloaded_params"], b["checkpointed"])),
                 against_best_last=max(abs(r["losses"][-1] - found["best"]["losses"][-1]) for r in labs_runs))
 
 
@@ -89,8 +92,9 @@ def target(found: dict | None = None) -> dict:
     verdict = ("met" if measured_ok and machines >= 2 and not faster_estimates else
                "not established" if measured_ok else "not met")
     per_round = ", ".join(f"{found['rounds'][n]['ratio']:.2f}x (round {n})" for n in found["judged"])
-    earlier = ", ".join(f"{f['ratio']:.2f}x (round {n})" for n, f in found["rounds"].items()
-                        if n not in found["judged"])
+    earlier = "; ".join(f"{row}: " + ", ".join(f"{ratio:.2f}x (round {n}{', slower of two' if runs > 1 else ''})"
+                                               for n, ratio, runs in ratios)
+                        for row, ratios in stock_search.row_ratios(found["rounds"]).items() if row != found["row"])
     return dict(target="labs' offload >= 1.5x stock's best offload, same tokens per step, loss within 0.05 nats "
                        f"(7B, 1 x H100, one machine per round; stock: every split with and without checkpointing at "
                        "the fewest parameters offloaded that fit, or an estimate where not run, searched over "
@@ -98,8 +102,8 @@ def target(found: dict | None = None) -> dict:
                 measured=f"{found['conservative']:.2f}x in round {found['deciding']} ({slower['run']}: "
                          f"{slower['batch']}, {found['row']}, vs {best['run']}: {best['batch']}, "
                          f"{best['offloaded_params']:.1%}, checkpointing {best['checkpointed']}); labs' row as it "
-                         f"stands ran on {machines} machine{'s' if machines > 1 else ''}: {per_round}; its earlier "
-                         f"row: {earlier}; stock estimates faster than stock's runs: {len(faster_estimates)} of "
+                         f"stands ran on {machines} machine{'s' if machines > 1 else ''}: {per_round}; earlier rows, "
+                         f"labs' slower run over stock's fastest of the round: {earlier}; stock estimates faster than stock's runs: {len(faster_estimates)} of "
                          f"{len(unrun)}; the loss half, judged on labs' copy alone: {gaps['copy_alone']:.3f} nats, "
                          f"its overlap alone {gaps['overlap_alone']:.3f}; reported, not judged: stock's best split "
                          f"ends {gaps['against_best_last']:.3f} nats from labs' 8 x 1 at step 6 (the split, as "
@@ -183,7 +187,7 @@ def lines(ab: dict | None = None, found: dict | None = None) -> list[str]:
            len(found["rounds"][found["deciding"]]["stock"]) else
            f" (labs' slower run over stock's fastest; mean against mean {found['of_means']:.2f}x)"),
         "largest loss gap over the 6 steps: labs' copy against DeepSpeed's (round 31) {copy_alone:.3f}; labs' "
-        "overlapped copy against the same row waiting after each sub-group (rounds 37-38) {overlap_alone:.3f}; "
+        "overlapped copy against the same row waiting after each sub-group (rounds 37-39) {overlap_alone:.3f}; "
         "labs 8 x 1 against stock 4 x 2 {labs_vs_stock_4x2:.3f}; stock 2 x 4 against labs' own 2 x 4 (round 26) "
         "{stock_vs_labs_2x4:.3f} nats".format(**loss_gaps(found, ab)),
         f"step 4's sequences (labs.data, the default corpus: {corpus_sequences()} sequences of 4,096 tokens): "
@@ -240,7 +244,9 @@ def recipe() -> list[str]:
     spec = json.loads((row["folder"] / "run.json").read_text())
     resolved = json.loads((row["folder"] / "ds_config.json").read_text())
     sequences = resolved["train_micro_batch_size_per_gpu"] * resolved["gradient_accumulation_steps"]
-    sampled_gib = host_samples.read(row["folder"], row["folder"].parent / "host_memory.txt")["rank_at_tightest_gib"]
+    sampled = [row["folder"].parent / r["run"] for r in stock_best()["rounds"][row["run"]]["labs"]]  # labs' row's runs
+    sampled_gib = max(host_samples.read(folder, folder.parent / "host_memory.txt")["rank_at_tightest_gib"]
+                      for folder in sampled if (folder / "host_samples.txt").exists())
     return [f"# one GPU of 80 GB, a host with at least {math.ceil(1.1 * host_gib)} GiB (labs.memory predicts "
             f"{host_gib:.1f} for the training process, plus a tenth; sampled, the rank held {sampled_gib:.1f}); "
             f"{spec['seq_len']:,} tokens per sequence "
@@ -264,7 +270,7 @@ def plot(ab: dict | None = None, found: dict | None = None, ax=None):
                          + ("\noverlapped" if r["copy"] == "labs' overlapped" else ""), r["tokens_per_s"],
                          "C0" if r["copy"] == "labs' overlapped" else "C9") for r in f["labs"] + f["others"]],
                        1.5 * f["best"]["tokens_per_s"]))
-    ax = ax or plt.subplots(figsize=(15, 3.8))[1]
+    ax = ax or plt.subplots(figsize=(17, 3.8))[1]
     top = max(value for _, bars, _ in groups for _, value, _ in bars) * 1.12
     i = 0
     for name, bars, target_line in groups:

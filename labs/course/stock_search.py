@@ -11,8 +11,10 @@ what the search minimises. labs.memory says which setups fit; the runs (results/
 - round 35 (another): 2 x 4 at 61% with 8e8 sub-groups twice, labs' row between;
 - round 36 (another): 2 x 4 at 61% with 2e8 sub-groups, the least stock can offload and fit at its fastest split
   (grid(), once labs.memory counted sub-groups as DeepSpeed does), then labs' row;
-- rounds 37 and 38 (two more): labs' row as it stands (the share stock's best offloads, 27 layers checkpointed, the
-  copies overlapped), stock's round-36 setup, and labs' row waiting after each sub-group's copy (another labs run).
+- rounds 37 and 38 (two more): labs' 62.2% row (the share stock's best offloads, 27 layers checkpointed, the
+  copies overlapped), stock's round-36 setup, and that row waiting after each sub-group's copy (another labs run);
+- round 39 (another): the 62.2% row and stock's round-36 setup alternating twice, the row waiting, and labs' 71.4% row
+  (25 layers checkpointed) with the overlapped copy twice: faster on that host, so labs' row from then on.
 
 Every ratio divides a labs run by a stock run of the same round: hosts differ (labs' earlier row ran 5,939-6,516
 tokens/s across rounds 31-36, printed by lines()).
@@ -43,6 +45,10 @@ ROUNDS = {   # round: (stock runs, labs' row, other labs runs), each in the orde
     # same row waiting after each sub-group's copy (LABS_OFFLOAD_COPY=gpu-wait)
     "37": (("stock61_sg2",), ("labs61",), ("labs61_wait",)),
     "38": (("stock61_sg2",), ("labs61",), ("labs61_wait",)),
+    # a blind repeat, L S L S, put the 62.2% row at 1.51x and 1.49x; labs' 71.4% row with the overlapped copy, run in
+    # the same round, was faster on this host, so it is labs' row from round 39 on (chosen on round 39's runs)
+    "39": (("stock61_sg2", "stock61_sg2_again"), ("labs_copy", "labs_copy_again"),
+           ("labs61", "labs61_again", "labs61_wait")),
 }
 SPLITS = ((1, 8), (2, 4), (4, 2), (8, 1))
 CHECKPOINTING = ("full", "none")
@@ -70,7 +76,7 @@ def predict(micro_batch: int, grad_accum: int, checkpointing: str, share: float,
 
 
 def host_gib() -> float:
-    """The rounds' host memory, `free -g`'s total (125 GiB on every machine of rounds 32-36). The search checks a
+    """The rounds' host memory, `free -g`'s total (125 GiB on every machine of rounds 32-39). The search checks a
     setup's predicted host memory against all of it, which favours stock (chapter 10's recipe asks a tenth more)."""
     totals = {int(next(line for line in (H100 / f"round{n}" / "host_memory.txt").read_text().splitlines()
                        if line.startswith("Mem:")).split()[1]) for n in ROUNDS}
@@ -136,6 +142,19 @@ def rounds() -> dict[str, dict]:
         found[n] = dict(stock=stock, labs=labs_runs, others=others, best=best, labs_slower=slower, row=row_of(slower),
                         cpu_model=cpu_model(folder / "cpu.txt"), ratio=slower["tokens_per_s"] / best["tokens_per_s"])
     return found
+
+
+def row_ratios(found: dict) -> dict[str, list[tuple[str, float, int]]]:
+    """Per row of labs (row_of), every round that ran it, as labs' row or beside it: (round, its slower run over the
+    round's fastest stock run, how many runs), rows in the order they first ran."""
+    ratios = {}
+    for n, f in found.items():
+        runs = {}
+        for r in f["labs"] + f["others"]:
+            runs.setdefault(row_of(r), []).append(r["tokens_per_s"])
+        for row, speeds in runs.items():
+            ratios.setdefault(row, []).append((n, min(speeds) / f["best"]["tokens_per_s"], len(speeds)))
+    return ratios
 
 
 def latest_row(found: dict) -> str:
@@ -227,10 +246,11 @@ def lines(found: dict | None = None) -> list[str]:
                 f"; {r['run']} ({row_of(r)}) {r['tokens_per_s']:,.0f} (optimizer step {r['optimizer_step_s']:.2f} s)"
                 for r in f["others"]) for n, f in found.items()]
     for row in dict.fromkeys(f["row"] for f in found.values()):
-        runs = [r for f in found.values() if f["row"] == row for r in f["labs"]]
+        runs = [r for f in found.values() for r in f["labs"] + f["others"] if row_of(r) == row]
         steps, speeds = [r["optimizer_step_s"] for r in runs], [r["tokens_per_s"] for r in runs]
-        names = [n for n, f in found.items() if f["row"] == row]
-        out.append(f"labs' row {row}, in round{'s' if len(names) > 1 else ''} {', '.join(names)} (one machine each): "
+        names = list(dict.fromkeys(r["round"] for r in runs))
+        out.append(f"labs' row {row}, in round{'s' if len(names) > 1 else ''} {', '.join(names)} (one machine"
+                   f"{' each' if len(names) > 1 else ''}): "
                    f"{_span(speeds, ',.0f')} tokens/s, optimizer step {_span(steps, '.2f')} s")
     labs_runs = [r for f in found.values() if f["row"] == latest_row(found) for r in f["labs"]]
     stock = max((r for f in found.values() for r in f["stock"]), key=lambda r: r["tokens_per_s"])
