@@ -95,8 +95,8 @@ def test_the_readmes_quote_rounds_37_and_38_as_read():
     figures = [f"labs {speeds('labs_slower')} tokens/s, stock's best {speeds('best')}",
                f"{r37['ratio']:.2f}x and {r38['ratio']:.2f}x",
                " and ".join(f"{w['tokens_per_s']:,.0f}" for w in waited),          # the row waiting per sub-group
-               " and ".join(f"{w['tokens_per_s'] / f['best']['tokens_per_s']:.2f}x"
-                            for w, f in zip(waited, (r37, r38))),
+               ", ".join(f"{w['tokens_per_s'] / f['best']['tokens_per_s']:.2f}x"
+                         for w, f in zip(waited, (r37, r38))),
                f"{parts['31']['cpu_adam_s']:.3f} and {parts['38']['cpu_adam_s']:.3f} s per 10^9"]
     assert unquoted(ROOT / "README.md", figures) == []
     waited_speeds = " and ".join(f"{w['tokens_per_s']:,.0f}" for w in waited)

@@ -200,10 +200,10 @@ def lines(ab: dict | None = None, found: dict | None = None) -> list[str]:
 
 
 def parts_line() -> str:
-    """The optimizer step's parts per 10^9 parameters (tools/offload_step_parts.py) on two hosts of one CPU model:
-    round 31's and round 38's. The host moves CPU Adam's own step, not only the copies."""
+    """The optimizer step's parts per 10^9 parameters (tools/offload_step_parts.py) on three hosts: rounds 31 and 38
+    (one CPU model), round 39 (another). The host moves CPU Adam's own step, not only the copies."""
     parts = {n: json.loads((H100 / f"round{n}" / "offload_step_parts.txt").read_text().splitlines()[-1])
-             for n in ("31", "38")}
+             for n in ("31", "38", "39")}
     return "the step's parts per 10^9 parameters, " + "; ".join(
         f"round {n} (CPU model {cpu_model(H100 / f'round{n}' / 'cpu.txt')}): CPU Adam {p['cpu_adam_s']:.3f} s, "
         f"unscaling the gradients {p['grad_mul_s']:.3f} s, fp32 from page-locked to the GPU "

@@ -243,8 +243,8 @@ def lines(found: dict | None = None) -> list[str]:
             + " and ".join(f"{r['optimizer_step_s']:.2f}" for r in f["labs"]) + " s): labs' "
             + ("slower run" if len(f["labs"]) > 1 else "run") + f" over stock's "
             + ("fastest" if len(f["stock"]) > 1 else "run") + f" {f['ratio']:.2f}x" + "".join(
-                f"; {r['run']} ({row_of(r)}) {r['tokens_per_s']:,.0f} (optimizer step {r['optimizer_step_s']:.2f} s)"
-                for r in f["others"]) for n, f in found.items()]
+                f"; {r['run']} ({row_of(r)}) {r['tokens_per_s']:,.0f} (optimizer step {r['optimizer_step_s']:.2f} s, "
+                f"{r['tokens_per_s'] / f['best']['tokens_per_s']:.2f}x)" for r in f["others"]) for n, f in found.items()]
     for row in dict.fromkeys(f["row"] for f in found.values()):
         runs = [r for f in found.values() for r in f["labs"] + f["others"] if row_of(r) == row]
         steps, speeds = [r["optimizer_step_s"] for r in runs], [r["tokens_per_s"] for r in runs]
