@@ -72,8 +72,8 @@ def test_the_readme_quotes_the_readings():
     listed = lambda ratios: ", ".join(ratios[:-1]) + " and " + ratios[-1]
     figures = [f"{best['tokens_per_s']:,.0f}: ZeRO-3 with {best['offloaded_params']:.1%} of the parameters'",
                f"{slower['tokens_per_s']:,.0f}: ZeRO-3 with {slower['offloaded_params']:.1%} offloaded",
-               ", ".join(f"{found['rounds'][n]['ratio']:.2f}x (round {n})" for n in found["judged"])
-               + f": {target['verdict']}",
+               *(f"{found['rounds'][n]['ratio']:.2f}x (round {n}" for n in found["judged"]),
+               f"(round {found['judged'][-1]}, one run per side): {target['verdict']}",
                *(listed(ratios) for ratios in earlier.values()),
                f"{slower['mfu']:.1%} ({slower['mfu_causal']:.1%})",
                f"{runs['ds_copy']['optimizer_step_s']:.2f}-{runs['ds_copy_again']['optimizer_step_s']:.2f} s to "

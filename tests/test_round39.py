@@ -79,3 +79,19 @@ def test_the_recipe_is_the_row_judged_and_asks_the_host_it_held():
     asked = int(comment.split("a host with at least ")[1].split(" GiB")[0])
     held = float(comment.split("the rank held ")[1].split(")")[0])
     assert held < asked <= 125
+
+
+def test_round_40_ran_the_row_round_39_chose_on_another_machine():
+    """Round 40 (a fresh machine, another CPU model) ran the configs of round 39, byte for byte, with the 71.4% row as
+    committed and the overlapped copy, one run per side; labs' GPU peak within 0.1 GiB of labs.memory; its ratio is
+    the second machine the verdict counts."""
+    round40 = stock_search.H100 / "round40"
+    for name in ("labs_zero3_offload_61.json", "stock_z3_off0.61_sg2e8.json"):
+        assert (ROUND39 / name).read_bytes() == (round40 / name).read_bytes()
+    environment = json.loads((round40 / "labs_copy" / "environment.json").read_text())
+    assert environment["LABS_OFFLOAD_COPY"] is None and environment["offload_copy"] == "gpu"
+    found = stock_search.rounds()
+    assert found["40"]["row"] == found["39"]["row"] and found["40"]["cpu_model"] != found["39"]["cpu_model"]
+    labs = found["40"]["labs"][0]
+    assert labs["gpu_gib"] == pytest.approx(labs["predicted_gpu_gib"], abs=0.1)
+    assert "40" in offload_vs_stock.stock_best()["judged"]

@@ -103,8 +103,8 @@ def target(found: dict | None = None) -> dict:
                          f"{slower['batch']}, {found['row']}, vs {best['run']}: {best['batch']}, "
                          f"{best['offloaded_params']:.1%}, checkpointing {best['checkpointed']}); labs' row as it "
                          f"stands ran on {machines} machine{'s' if machines > 1 else ''}: {per_round}; earlier rows, "
-                         f"labs' slower run over stock's fastest of the round: {earlier}; stock estimates faster than stock's runs: {len(faster_estimates)} of "
-                         f"{len(unrun)}; the loss half, judged on labs' copy alone: {gaps['copy_alone']:.3f} nats, "
+                         f"labs' slower run over stock's fastest of the round: {earlier}; stock estimates faster "
+                         f"than stock's runs: {len(faster_estimates)} of {len(unrun)}; the loss half, judged on labs' copy alone: {gaps['copy_alone']:.3f} nats, "
                          f"its overlap alone {gaps['overlap_alone']:.3f}; reported, not judged: stock's best split "
                          f"ends {gaps['against_best_last']:.3f} nats from labs' 8 x 1 at step 6 (the split, as "
                          "labs' own 2 x 4 does)",

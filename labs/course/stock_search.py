@@ -14,7 +14,8 @@ what the search minimises. labs.memory says which setups fit; the runs (results/
 - rounds 37 and 38 (two more): labs' 62.2% row (the share stock's best offloads, 27 layers checkpointed, the
   copies overlapped), stock's round-36 setup, and that row waiting after each sub-group's copy (another labs run);
 - round 39 (another): the 62.2% row and stock's round-36 setup alternating twice, the row waiting, and labs' 71.4% row
-  (25 layers checkpointed) with the overlapped copy twice: faster on that host, so labs' row from then on.
+  (25 layers checkpointed) with the overlapped copy twice: faster on that host, so labs' row from then on;
+- round 40 (another): that row, then stock's round-36 setup, one run each (the repeats did not fit the device time).
 
 Every ratio divides a labs run by a stock run of the same round: hosts differ (labs' earlier row ran 5,939-6,516
 tokens/s across rounds 31-36, printed by lines()).
@@ -49,6 +50,7 @@ ROUNDS = {   # round: (stock runs, labs' row, other labs runs), each in the orde
     # the same round, was faster on this host, so it is labs' row from round 39 on (chosen on round 39's runs)
     "39": (("stock61_sg2", "stock61_sg2_again"), ("labs_copy", "labs_copy_again"),
            ("labs61", "labs61_again", "labs61_wait")),
+    "40": (("stock61_sg2",), ("labs_copy",), ()),     # that row on another machine, chosen before it ran; one run each
 }
 SPLITS = ((1, 8), (2, 4), (4, 2), (8, 1))
 CHECKPOINTING = ("full", "none")
@@ -76,7 +78,7 @@ def predict(micro_batch: int, grad_accum: int, checkpointing: str, share: float,
 
 
 def host_gib() -> float:
-    """The rounds' host memory, `free -g`'s total (125 GiB on every machine of rounds 32-39). The search checks a
+    """The rounds' host memory, `free -g`'s total (125 GiB on every machine of rounds 32-40). The search checks a
     setup's predicted host memory against all of it, which favours stock (chapter 10's recipe asks a tenth more)."""
     totals = {int(next(line for line in (H100 / f"round{n}" / "host_memory.txt").read_text().splitlines()
                        if line.startswith("Mem:")).split()[1]) for n in ROUNDS}
