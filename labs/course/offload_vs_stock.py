@@ -1,5 +1,5 @@
 """Chapter 10's 7B row with labs' copy against stock's offload setups on the same card, at the same 32,768 tokens per
-optimizer step: rounds 32 and 34-39 (results/gpu/one_card_7b_1xh100, one machine each), each with stock's setups and
+optimizer step: rounds 32 and 34-40 (results/gpu/one_card_7b_1xh100, one machine each), each with stock's setups and
 labs' row on one host; labs.course.stock_search says which stock setups fit and reads the runs. The target is judged
 on labs' row as the latest round ran it (round 39 on); earlier rounds ran earlier rows. With round 31's A/B
 (labs.course.offload_copy_report), what chapter 10 shows.
@@ -239,12 +239,13 @@ def recipe() -> list[str]:
     """What runs labs' row on your own host (the deciding round's labs run): a comment with what it needs, then
     `labs train` on the committed config of the run's offloaded share (bench/labs_zero3_offload_70.json, the run's
     config exactly)."""
-    row = recipe_row()
+    found = stock_best()
+    row = recipe_row(found)
     host_gib = memory.from_run(row["folder"]).host_per_node_bytes / 2**30
     spec = json.loads((row["folder"] / "run.json").read_text())
     resolved = json.loads((row["folder"] / "ds_config.json").read_text())
     sequences = resolved["train_micro_batch_size_per_gpu"] * resolved["gradient_accumulation_steps"]
-    sampled = [row["folder"].parent / r["run"] for r in stock_best()["rounds"][row["run"]]["labs"]]  # labs' row's runs
+    sampled = [row["folder"].parent / r["run"] for r in found["rounds"][row["run"]]["labs"]]   # labs' row's runs
     sampled_gib = max(host_samples.read(folder, folder.parent / "host_memory.txt")["rank_at_tightest_gib"]
                       for folder in sampled if (folder / "host_samples.txt").exists())
     return [f"# one GPU of 80 GB, a host with at least {math.ceil(1.1 * host_gib)} GiB (labs.memory predicts "
