@@ -2,10 +2,13 @@
 setup alternated twice (L S L S), then the row waited after each sub-group, then labs' 71.4% row (25 layers
 checkpointed) ran with the overlapped copy, twice. Each test checks a reading against the files."""
 import json
+import math
 
 import pytest
 
-from labs.course import offload_vs_stock, stock_search
+from conftest import ROOT, unquoted
+from labs import memory
+from labs.course import host_samples, offload_vs_stock, stock_search
 
 ROUND39 = stock_search.H100 / "round39"
 
@@ -95,3 +98,17 @@ def test_round_40_ran_the_row_round_39_chose_on_another_machine():
     labs = found["40"]["labs"][0]
     assert labs["gpu_gib"] == pytest.approx(labs["predicted_gpu_gib"], abs=0.1)
     assert "40" in offload_vs_stock.stock_best()["judged"]
+
+
+def test_the_readme_sizes_both_rows_hosts_as_the_recipe_does():
+    """The README's host sizes for the 71.4% row (the recipe) and the 62.2% fallback are labs.memory's host figure for
+    each row's run plus a tenth, rounded up, and the rank sampled under both."""
+    sizes = []
+    for run_name in ("labs_copy_again", "labs61"):
+        folder = ROUND39 / run_name
+        predicted = memory.from_run(folder).host_per_node_bytes / 2**30
+        held = host_samples.read(folder, ROUND39 / "host_memory.txt")["rank_at_tightest_gib"]
+        assert held < math.ceil(1.1 * predicted)
+        sizes.append(math.ceil(1.1 * predicted))
+    assert unquoted(ROOT / "README.md", [f"size the host at {sizes[0]} GiB or more",
+                                         f"the 62.2% row needs at least {sizes[1]} GiB"]) == []
