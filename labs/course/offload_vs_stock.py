@@ -19,9 +19,10 @@ import torch
 
 from labs import data, memory
 from labs.bench import cases
-from labs.course import host_samples, stock_search
+from labs.course import stock_search
 from labs.course.offload_copy_report import copy_ab, default_run, run
-from labs.course.one_card_runs import H100, H200, cpu_model, host_lines, offloaded, out_of_memory_lines
+from labs.course.one_card_runs import (H100, H200, cpu_model, host_lines, offloaded, out_of_memory_lines,
+                                        sampled_host)
 from labs.table import Table
 
 
@@ -104,7 +105,8 @@ def target(found: dict | None = None) -> dict:
                          f"{best['offloaded_params']:.1%}, checkpointing {best['checkpointed']}); labs' row as it "
                          f"stands ran on {machines} machine{'s' if machines > 1 else ''}: {per_round}; earlier rows, "
                          f"labs' slower run over stock's fastest of the round: {earlier}; stock estimates faster "
-                         f"than stock's runs: {len(faster_estimates)} of {len(unrun)}; the loss half, judged on labs' copy alone: {gaps['copy_alone']:.3f} nats, "
+                         f"than stock's runs: {len(faster_estimates)} of {len(unrun)}; the loss half, judged on "
+                         f"labs' copy alone: {gaps['copy_alone']:.3f} nats, "
                          f"its overlap alone {gaps['overlap_alone']:.3f}; reported, not judged: stock's best split "
                          f"ends {gaps['against_best_last']:.3f} nats from labs' 8 x 1 at step 6 (the split, as "
                          "labs' own 2 x 4 does)",
@@ -246,7 +248,7 @@ def recipe() -> list[str]:
     resolved = json.loads((row["folder"] / "ds_config.json").read_text())
     sequences = resolved["train_micro_batch_size_per_gpu"] * resolved["gradient_accumulation_steps"]
     sampled = [row["folder"].parent / r["run"] for r in found["rounds"][row["run"]]["labs"]]   # labs' row's runs
-    sampled_gib = max(host_samples.read(folder, folder.parent / "host_memory.txt")["rank_at_tightest_gib"]
+    sampled_gib = max(sampled_host(folder)["rank_at_tightest_gib"]
                       for folder in sampled if (folder / "host_samples.txt").exists())
     return [f"# one GPU of 80 GB, a host with at least {math.ceil(1.1 * host_gib)} GiB (labs.memory predicts "
             f"{host_gib:.1f} for the training process, plus a tenth; sampled, the rank held {sampled_gib:.1f}); "

@@ -88,6 +88,11 @@ def out_of_memory_lines() -> list[str]:
     return out
 
 
+def sampled_host(run_dir) -> dict:
+    """A run's host as tools/host_memory.sh sampled it (labs.course.host_samples), against its round's `free -g`."""
+    return host_samples.read(run_dir, free_txt=run_dir.parent / "host_memory.txt")
+
+
 def host_lines(found: dict) -> list[str]:
     """The host of each labs run sampled each second (tools/host_memory.sh, round 37 on): the training rank's peak
     private and shared memory, the host's least available memory, against labs.memory's host figure for the run."""
@@ -97,7 +102,7 @@ def host_lines(found: dict) -> list[str]:
             folder = H100 / f"round{n}" / r["run"]
             if not (folder / "host_samples.txt").exists():
                 continue
-            host = host_samples.read(folder, free_txt=H100 / f"round{n}" / "host_memory.txt")
+            host = sampled_host(folder)
             out.append(f"round {n} {r['run']}'s host, sampled each second: the training rank at most "
                        f"{host['rank_at_tightest_gib']:.1f} GiB (private plus shared, at the tightest second), the "
                        f"host's least available {host['least_available_gib']:.1f} of {host['total_gib']:.0f} GiB; "

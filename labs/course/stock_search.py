@@ -146,16 +146,24 @@ def rounds() -> dict[str, dict]:
     return found
 
 
-def row_ratios(found: dict) -> dict[str, list[tuple[str, float, int]]]:
-    """Per row of labs (row_of), every round that ran it, as labs' row or beside it: (round, its slower run over the
-    round's fastest stock run, how many runs), rows in the order they first ran."""
-    ratios = {}
-    for n, f in found.items():
-        runs = {}
+def runs_by_row(found: dict) -> dict[str, list[dict]]:
+    """Every labs run of every round, labs' row's and those beside it, by its row (row_of), rows in the order they
+    first ran and each row's runs round by round."""
+    rows = {}
+    for f in found.values():
         for r in f["labs"] + f["others"]:
-            runs.setdefault(row_of(r), []).append(r["tokens_per_s"])
-        for row, speeds in runs.items():
-            ratios.setdefault(row, []).append((n, min(speeds) / f["best"]["tokens_per_s"], len(speeds)))
+            rows.setdefault(row_of(r), []).append(r)
+    return rows
+
+
+def row_ratios(found: dict) -> dict[str, list[tuple[str, float, int]]]:
+    """Per row of labs, every round that ran it (runs_by_row): (round, its slower run over the round's fastest stock
+    run, how many runs)."""
+    ratios = {}
+    for row, runs in runs_by_row(found).items():
+        for n in dict.fromkeys(r["round"] for r in runs):
+            speeds = [r["tokens_per_s"] for r in runs if r["round"] == n]
+            ratios.setdefault(row, []).append((n, min(speeds) / found[n]["best"]["tokens_per_s"], len(speeds)))
     return ratios
 
 
@@ -246,15 +254,18 @@ def lines(found: dict | None = None) -> list[str]:
             + ("slower run" if len(f["labs"]) > 1 else "run") + f" over stock's "
             + ("fastest" if len(f["stock"]) > 1 else "run") + f" {f['ratio']:.2f}x" + "".join(
                 f"; {r['run']} ({row_of(r)}) {r['tokens_per_s']:,.0f} (optimizer step {r['optimizer_step_s']:.2f} s, "
-                f"{r['tokens_per_s'] / f['best']['tokens_per_s']:.2f}x)" for r in f["others"]) for n, f in found.items()]
-    for row in dict.fromkeys(f["row"] for f in found.values()):
-        runs = [r for f in found.values() for r in f["labs"] + f["others"] if row_of(r) == row]
+                f"{r['tokens_per_s'] / f['best']['tokens_per_s']:.2f}x)" for r in f["others"])
+            for n, f in found.items()]
+    by_row = runs_by_row(found)
+    for row in dict.fromkeys(f["row"] for f in found.values()):       # the rows that were labs' row of a round
+        runs = by_row[row]
         steps, speeds = [r["optimizer_step_s"] for r in runs], [r["tokens_per_s"] for r in runs]
         names = list(dict.fromkeys(r["round"] for r in runs))
         out.append(f"labs' row {row}, in round{'s' if len(names) > 1 else ''} {', '.join(names)} (one machine"
                    f"{' each' if len(names) > 1 else ''}): "
                    f"{_span(speeds, ',.0f')} tokens/s, optimizer step {_span(steps, '.2f')} s")
-    labs_runs = [r for f in found.values() if f["row"] == latest_row(found) for r in f["labs"]]
+    latest = latest_row(found)
+    labs_runs = [r for f in found.values() if f["row"] == latest for r in f["labs"]]
     stock = max((r for f in found.values() for r in f["stock"]), key=lambda r: r["tokens_per_s"])
     labs_slowest = min(labs_runs, key=lambda r: r["tokens_per_s"])
     out.append(f"across machines, not like for like: labs' row as it stands, its slowest run "
