@@ -7,7 +7,7 @@ import pytest
 
 from conftest import unquoted
 from labs import RESULTS
-from labs.course import offload_copy_report, offload_vs_stock, stock_search
+from labs.course import offload_copy_report, offload_verdict, offload_vs_stock, stock_search
 
 README = RESULTS / "gpu" / "one_card_7b_1xh100" / "README.md"
 
@@ -68,7 +68,7 @@ def test_the_readme_quotes_the_readings():
     slower, best = found["labs_slower"], found["best"]
     earlier = {row: [f"{ratio:.2f}x" for _, ratio, _ in ratios]
                for row, ratios in stock_search.row_ratios(found["rounds"]).items() if row != found["row"]}
-    target = offload_vs_stock.target(found)
+    target = offload_verdict.target(found)
     listed = lambda ratios: ", ".join(ratios[:-1]) + " and " + ratios[-1]
     figures = [f"{best['tokens_per_s']:,.0f}: ZeRO-3 with {best['offloaded_params']:.1%} of the parameters'",
                f"{slower['tokens_per_s']:,.0f}: ZeRO-3 with {slower['offloaded_params']:.1%} offloaded",

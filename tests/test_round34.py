@@ -8,7 +8,7 @@ import pytest
 
 from conftest import ROOT, unquoted
 from labs import memory
-from labs.course import offload_vs_stock, stock_search
+from labs.course import offload_verdict, offload_vs_stock, stock_search
 from labs.course.one_card_runs import offloaded_params
 
 README = stock_search.H100 / "README.md"
@@ -86,7 +86,7 @@ def test_stocks_fastest_cell_ran_at_its_least_and_one_host_puts_labs_under_the_t
     unrun = stock_search.unrun(found)
     assert {(u["batch"], u["checkpointed"]) for u in unrun} == {("1 x 8", "full"), ("1 x 8", "none"), ("4 x 2", "full")}
     assert all(u["labs_over_estimate"] >= 1.5 for u in unrun)
-    target = offload_vs_stock.target()           # judged on labs' row as it stands (tests/test_round37.py)
+    target = offload_verdict.target()           # judged on labs' row as it stands (tests/test_round37.py)
     assert ("71.4% offloaded, 25 layers checkpointed, labs' copy: 1.53x (round 32, slower of two), 1.53x (round 34, "
             "slower of two), 1.57x (round 35), 1.44x (round 36)") in target["measured"]
 
@@ -98,7 +98,8 @@ def test_labs_rows_ran_the_committed_config_and_the_readme_quotes_the_readings()
     for n in ("34", "35", "36"):
         for r in found[n]["labs"]:
             folder = stock_search.H100 / f"round{n}" / r["run"]
-            assert json.loads((folder / "run.json").read_text())["config"] == "ds_configs/bench/labs_zero3_offload_70.json"
+            spec = json.loads((folder / "run.json").read_text())
+            assert spec["config"] == "ds_configs/bench/labs_zero3_offload_70.json"
             recorded = json.loads((folder / "environment.json").read_text())
             assert recorded["LABS_OFFLOAD_COPY"] is None and recorded["offload_copy"] == "gpu"
     assert (ROOT / "ds_configs" / "bench" / "labs_zero3_offload_70.json").exists()

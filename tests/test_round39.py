@@ -8,7 +8,7 @@ import pytest
 
 from conftest import ROOT, unquoted
 from labs import memory
-from labs.course import host_samples, offload_vs_stock, stock_search
+from labs.course import host_samples, offload_verdict, offload_vs_stock, stock_search
 
 ROUND39 = stock_search.H100 / "round39"
 
@@ -65,7 +65,7 @@ def test_the_verdict_judges_the_row_round_39_chose_on_the_machines_that_ran_it()
     assert found["row"] == stock_search.rounds()["39"]["row"]
     assert found["row"].startswith("71.4% offloaded, 25 layers checkpointed, labs' overlapped copy")
     assert found["judged"][0] == "39" and not {"32", "34", "35", "36", "37", "38"} & set(found["judged"])
-    target = offload_vs_stock.target(found)
+    target = offload_verdict.target(found)
     ratios = [found["rounds"][n]["ratio"] for n in found["judged"]]
     expected = ("not met" if min(ratios) < 1.5 else "met" if len(ratios) >= 2 else "not established")
     assert target["verdict"] == expected and target["machines"] == len(ratios)
@@ -76,9 +76,9 @@ def test_the_verdict_judges_the_row_round_39_chose_on_the_machines_that_ran_it()
 def test_the_recipe_is_the_row_judged_and_asks_the_host_it_held():
     """Chapter 9's and chapter 10's recipe runs the judged row's committed config, and the host it asks is labs.memory's
     figure plus a tenth, above what the rank held when sampled."""
-    row = offload_vs_stock.recipe_row()
+    row = offload_verdict.recipe_row()
     assert row["config"] == "labs_zero3_offload_70.json" and row["run"] == offload_vs_stock.stock_best()["deciding"]
-    comment = offload_vs_stock.recipe()[0]
+    comment = offload_verdict.recipe()[0]
     asked = int(comment.split("a host with at least ")[1].split(" GiB")[0])
     held = float(comment.split("the rank held ")[1].split(")")[0])
     assert held < asked <= 125
@@ -112,3 +112,12 @@ def test_the_readme_sizes_both_rows_hosts_as_the_recipe_does():
         sizes.append(math.ceil(1.1 * predicted))
     assert unquoted(ROOT / "README.md", [f"size the host at {sizes[0]} GiB or more",
                                          f"the 62.2% row needs at least {sizes[1]} GiB"]) == []
+
+
+def test_the_readme_quotes_the_62_row_host_labs_memory_predicts():
+    """The README's sizing paragraph says the 62.2% row of rounds 37-38 was predicted at labs.memory's host figure for
+    the runs that ran it (61% of 2e8-parameter sub-groups, 27 layers checkpointed)."""
+    predicted = {round(memory.from_run(stock_search.H100 / f"round{n}" / "labs61").host_per_node_bytes / 2**30, 1)
+                 for n in ("37", "38")}
+    assert len(predicted) == 1
+    assert unquoted(ROOT / "README.md", [f"layers checkpointed, {predicted.pop():.1f} GiB predicted"]) == []

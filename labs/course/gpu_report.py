@@ -12,7 +12,7 @@ import re
 
 from labs import RESULTS, models
 from labs.bench import cases, results
-from labs.course import offload_vs_stock, zenflow_columns_report, zenflow_moments_report, zenflow_report
+from labs.course import offload_verdict, zenflow_columns_report, zenflow_moments_report, zenflow_report
 from labs.metrics import read_jsonl
 from labs.table import Table
 
@@ -91,7 +91,7 @@ def train_command(suffix: str, case: str, gpus: int) -> str:
 def recipes() -> list[dict]:
     """Per setup of RECIPES: each side's fastest measured case, its tokens/s per GPU, MFU, peak and the ratio, with
     the `labs train` line for labs' (same tokens per optimizer step on both sides, one invocation); then the 7B on
-    one real H100 with the optimizer offloaded (labs.course.offload_vs_stock.recipe_row)."""
+    one real H100 with the optimizer offloaded (labs.course.offload_verdict.recipe_row)."""
     rows = []
     for gpus, preset, budget, suffix in RECIPES:
         labs, stock = best(suffix, "labs"), best(suffix, "stock")
@@ -102,7 +102,7 @@ def recipes() -> list[dict]:
                          stock_tokens_per_s=stock["tokens_per_s_per_gpu"],
                          ratio=labs["tokens_per_s_per_gpu"] / stock["tokens_per_s_per_gpu"],
                          command=train_command(suffix, labs["case"], gpus)))
-    return rows + [offload_vs_stock.recipe_row()]       # the 7B on one 80 GB card, offloaded (round 32: not one
+    return rows + [offload_verdict.recipe_row()]       # the 7B on one 80 GB card, offloaded (round 32: not one
                                                         # invocation; labs' slower run against stock's faster)
 
 
@@ -264,7 +264,8 @@ def targets() -> list[dict]:
     """The GPU round's targets, each with the numbers that decide it: 2 x H200, Qwen2.5-7B shape, sequence 4096,
     except the offload targets (runs m and n, and ZenFlow's rounds 12-19: 1 x H200, Qwen2.5-3B shape; round 32: the
     7B on one real H100)."""
-    sweep_ratio = best(RUNS["sweep"], "labs")["tokens_per_s_per_gpu"] / best(RUNS["sweep"], "stock")["tokens_per_s_per_gpu"]
+    sweep_ratio = (best(RUNS["sweep"], "labs")["tokens_per_s_per_gpu"]
+                   / best(RUNS["sweep"], "stock")["tokens_per_s_per_gpu"])
     labs_best = best(RUNS["sweep"], "labs")
     cap_labs, cap_stock = best(RUNS["cap"], "labs"), best(RUNS["cap"], "stock")      # one invocation
     cap_ratio = cap_labs["tokens_per_s_per_gpu"] / cap_stock["tokens_per_s_per_gpu"]
@@ -280,7 +281,7 @@ def targets() -> list[dict]:
         dict(target="planner's pick within 5% of the best measured (each side, both budgets)",
              measured=", ".join(f"{p['side']} {p['pick_over_best']:.2f}" for p in picks),
              met=all(p["pick_over_best"] >= 0.95 for p in picks)),
-    ] + offload_targets() + [offload_vs_stock.target(), zenflow_report.round12_target(),
+    ] + offload_targets() + [offload_verdict.target(), zenflow_report.round12_target(),
                              zenflow_report.round14_target(),
                              zenflow_report.round15_target(), zenflow_report.round17_target(),
                              zenflow_columns_report.round18_target(), zenflow_moments_report.round19_target()]

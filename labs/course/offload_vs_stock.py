@@ -1,28 +1,25 @@
 """Chapter 10's 7B row with labs' copy against stock's offload setups on the same card, at the same 32,768 tokens per
 optimizer step: rounds 32 and 34-40 (results/gpu/one_card_7b_1xh100, one machine each), each with stock's setups and
-labs' row on one host; labs.course.stock_search says which stock setups fit and reads the runs. The target is judged
-on labs' row as the latest round ran it (round 39 on); earlier rounds ran earlier rows. With round 31's A/B
-(labs.course.offload_copy_report), what chapter 10 shows.
+labs' row on one host; labs.course.stock_search says which stock setups fit and reads the runs. With round 31's A/B
+(labs.course.offload_copy_report), what chapter 10 shows; the target's verdict and the recipe are
+labs.course.offload_verdict's.
 
     offload_vs_stock.stock_best()     # every run, each round's ratio, the deciding round, and labs' own 2 x 4 losses
-    offload_vs_stock.target()         # issue 12's offload ratio target on the 7B itself (chapter 9's targets table)
-    offload_vs_stock.table(), .losses(), .lines(), .plot(), .recipe()   # chapter 10's cells
+    offload_vs_stock.loss_gaps()      # the loss gaps between pairs of runs that isolate one difference
+    offload_vs_stock.table(), .losses(), .lines(), .plot()   # chapter 10's cells
 """
 from __future__ import annotations
 
 import itertools
 import json
-import math
 
 import matplotlib.pyplot as plt
 import torch
 
-from labs import data, memory
-from labs.bench import cases
+from labs import data
 from labs.course import stock_search
 from labs.course.offload_copy_report import copy_ab, default_run, run
-from labs.course.one_card_runs import (H100, H200, cpu_model, host_lines, offloaded, out_of_memory_lines,
-                                        sampled_host)
+from labs.course.one_card_runs import H100, H200, cpu_model, host_lines, out_of_memory_lines
 from labs.table import Table
 
 
@@ -68,49 +65,6 @@ def loss_gaps(found: dict | None = None, ab: dict | None = None) -> dict[str, fl
                                   and (a["offloaded_params"], a["checkpointed"]) ==
                                   (b["offloaded_params"], b["checkpointed"])),
                 against_best_last=max(abs(r["losses"][-1] - found["best"]["losses"][-1]) for r in labs_runs))
-
-
-def target(found: dict | None = None) -> dict:
-    """Issue 12's target "labs' offload >= 1.5x stock's best offload setup at equal tokens per optimizer step, loss
-    within 0.05 nats" on the model itself: the 7B on one real H100, judged on labs' row as it stands (the rounds that
-    ran it; earlier rounds ran an earlier row and are reported). The ratio: in each of those rounds, labs' slower run
-    over stock's fastest run on the same host; met only if every one clears 1.5x on at least two machines (hosts moved
-    the earlier row's ratio by more than the margin: 1.44-1.57x), and no stock setup predicted to fit that no round
-    ran at its fewest offloaded is estimated faster than stock's fastest run of its round (stock_search.unrun). The
-    loss: labs' copy and its overlap do not change the update (rounds 31 and 37: the same losses as DeepSpeed's copy
-    and as the waiting copy, to GPU noise); labs' 8 x 1 and stock's 2 x 4 part by more than the tolerance in these 6
-    steps from random weights, as labs' own 2 x 4 parts from its 8 x 1, so the loss half is judged on the copy, and
-    the gap is reported."""
-    found = found or stock_best()
-    gaps, unrun = loss_gaps(found), stock_search.unrun(found["rounds"])
-    best, slower = found["best"], found["labs_slower"]
-    faster_estimates = [u for u in unrun
-                        if u["estimated_tokens_per_s"] >= found["rounds"][u["round"]]["best"]["tokens_per_s"]]
-    measured_ok = found["conservative"] >= 1.5 and max(gaps["copy_alone"], gaps["overlap_alone"]) <= 0.05
-    machines = len(found["judged"])
-    # met: every judged round clears 1.5x, on two machines or more, and no estimate beats stock's runs; not
-    # established: the runs clear it on one machine, or an estimate for an unrun setup beats stock's fastest run
-    verdict = ("met" if measured_ok and machines >= 2 and not faster_estimates else
-               "not established" if measured_ok else "not met")
-    per_round = ", ".join(f"{found['rounds'][n]['ratio']:.2f}x (round {n})" for n in found["judged"])
-    earlier = "; ".join(f"{row}: " + ", ".join(f"{ratio:.2f}x (round {n}{', slower of two' if runs > 1 else ''})"
-                                               for n, ratio, runs in ratios)
-                        for row, ratios in stock_search.row_ratios(found["rounds"]).items() if row != found["row"])
-    return dict(target="labs' offload >= 1.5x stock's best offload, same tokens per step, loss within 0.05 nats "
-                       f"(7B, 1 x H100, one machine per round; stock: every split with and without checkpointing at "
-                       "the fewest parameters offloaded that fit, or an estimate where not run, searched over "
-                       "`ratio` and `sub_group_size` only)",
-                measured=f"{found['conservative']:.2f}x in round {found['deciding']} ({slower['run']}: "
-                         f"{slower['batch']}, {found['row']}, vs {best['run']}: {best['batch']}, "
-                         f"{best['offloaded_params']:.1%}, checkpointing {best['checkpointed']}); labs' row as it "
-                         f"stands ran on {machines} machine{'s' if machines > 1 else ''}: {per_round}; earlier rows, "
-                         f"labs' slower run over stock's fastest of the round: {earlier}; stock estimates faster "
-                         f"than stock's runs: {len(faster_estimates)} of {len(unrun)}; the loss half, judged on "
-                         f"labs' copy alone: {gaps['copy_alone']:.3f} nats, "
-                         f"its overlap alone {gaps['overlap_alone']:.3f}; reported, not judged: stock's best split "
-                         f"ends {gaps['against_best_last']:.3f} nats from labs' 8 x 1 at step 6 (the split, as "
-                         "labs' own 2 x 4 does)",
-                machines=machines, met=verdict == "met", verdict=verdict)
 
 
 def table(found: dict | None = None, ab: dict | None = None) -> Table:
@@ -210,53 +164,6 @@ def parts_line() -> str:
         f"round {n} (CPU model {cpu_model(H100 / f'round{n}' / 'cpu.txt')}): CPU Adam {p['cpu_adam_s']:.3f} s, "
         f"unscaling the gradients {p['grad_mul_s']:.3f} s, fp32 from page-locked to the GPU "
         f"{p['copy_to_gpu_fp32_registered_s']:.3f} s" for n, p in parts.items())
-
-
-def recipe_row(found: dict | None = None) -> dict:
-    """Chapter 9's recipes table's row for the 7B on one 80 GB card with the optimizer offloaded: labs' slower run
-    against stock's fastest in the deciding round, with the `labs train` line on the committed config of the run's
-    share."""
-    found = found or stock_best()
-    labs, stock = found["labs_slower"], found["best"]
-    folder = H100 / f"round{found['deciding']}" / labs["run"]
-    spec = json.loads((folder / "run.json").read_text())
-    resolved = json.loads((folder / "ds_config.json").read_text())
-    config = f"labs_zero3_offload_{offloaded(resolved) * 100:.0f}.json"
-    options = {**spec, "config": config, "micro_batch": resolved["train_micro_batch_size_per_gpu"],
-               "grad_accum": resolved["gradient_accumulation_steps"]}
-    return dict(gpus=1, preset=spec["preset"],
-                budget=f"80 GB (H100), optimizer state of {labs['offloaded_params']:.1%} of the parameters offloaded",
-                run=found["deciding"],
-                labs=f"labs-{spec['engine']}-ck{spec['activation_checkpointing']}-mb{options['micro_batch']}"
-                     f"-ga{options['grad_accum']}",
-                labs_tokens_per_s=labs["tokens_per_s"], mfu=labs["mfu"], mfu_causal=labs["mfu_causal"],
-                peak_gib=labs["gpu_gib"], stock=f"stock-zero3-offload{stock['offloaded'] * 100:.0f}-sg"
-                                             f"{stock_search.sub_groups_text(stock['sub_group_size'])}-ck"
-                                             f"{stock['checkpointed']}-mb{stock['batch'].replace(' x ', '-ga')}",
-                stock_tokens_per_s=stock["tokens_per_s"], ratio=labs["tokens_per_s"] / stock["tokens_per_s"],
-                command=cases.train_line(options, spec["nproc"]), config=config, folder=folder)
-
-
-def recipe() -> list[str]:
-    """What runs labs' row on your own host (the deciding round's labs run): a comment with what it needs, then
-    `labs train` on the committed config of the run's offloaded share (bench/labs_zero3_offload_70.json, the run's
-    config exactly)."""
-    found = stock_best()
-    row = recipe_row(found)
-    host_gib = memory.from_run(row["folder"]).host_per_node_bytes / 2**30
-    spec = json.loads((row["folder"] / "run.json").read_text())
-    resolved = json.loads((row["folder"] / "ds_config.json").read_text())
-    sequences = resolved["train_micro_batch_size_per_gpu"] * resolved["gradient_accumulation_steps"]
-    sampled = [row["folder"].parent / r["run"] for r in found["rounds"][row["run"]]["labs"]]   # labs' row's runs
-    sampled_gib = max(sampled_host(folder)["rank_at_tightest_gib"]
-                      for folder in sampled if (folder / "host_samples.txt").exists())
-    return [f"# one GPU of 80 GB, a host with at least {math.ceil(1.1 * host_gib)} GiB (labs.memory predicts "
-            f"{host_gib:.1f} for the training process, plus a tenth; sampled, the rank held {sampled_gib:.1f}); "
-            f"{spec['seq_len']:,} tokens per sequence "
-            f"(the preset's default), {sequences} sequences per optimizer step; 'bench/...' names a config under "
-            "ds_configs/; --steps defaults to 30",
-            row["command"].replace(f"--config bench/{row['config']}",
-                                   f"--config bench/{row['config']} --model-path YOUR_MODEL --data YOUR_DATA.jsonl")]
 
 
 def plot(ab: dict | None = None, found: dict | None = None, ax=None):
