@@ -63,8 +63,8 @@ def test_rounds_37_and_38_cleared_the_line_and_round_39_put_the_same_row_under_i
     row = found["37"]["row"]
     assert found["38"]["row"] == row != found["39"]["row"]
     ratios = stock_search.row_ratios(found)[row]
-    assert [n for n, _, _ in ratios] == ["37", "38", "39"]
-    assert all(ratio >= 1.5 for n, ratio, _ in ratios if n != "39") and ratios[-1][1] < 1.5
+    assert [n for n, _, _ in ratios][:3] == ["37", "38", "39"]        # round 41 ran it too, after labs' row
+    assert all(ratio >= 1.5 for n, ratio, _ in ratios if n != "39") and dict((n, r) for n, r, _ in ratios)["39"] < 1.5
     assert all(u["estimated_tokens_per_s"] < found[u["round"]]["best"]["tokens_per_s"]
                for u in stock_search.unrun(found))
     assert offload_vs_stock.stock_best()["row"] != row

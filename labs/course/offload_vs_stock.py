@@ -1,5 +1,5 @@
 """Chapter 10's 7B row with labs' copy against stock's offload setups on the same card, at the same 32,768 tokens per
-optimizer step: rounds 32 and 34-40 (results/gpu/one_card_7b_1xh100, one machine each), each with stock's setups and
+optimizer step: rounds 32 and 34-41 (results/gpu/one_card_7b_1xh100, one machine each), each with stock's setups and
 labs' row on one host; labs.course.stock_search says which stock setups fit and reads the runs. With round 31's A/B
 (labs.course.offload_copy_report), what chapter 10 shows; the target's verdict and the recipe are
 labs.course.offload_verdict's.
@@ -156,10 +156,10 @@ def lines(ab: dict | None = None, found: dict | None = None) -> list[str]:
 
 
 def parts_line() -> str:
-    """The optimizer step's parts per 10^9 parameters (tools/offload_step_parts.py) on three hosts: rounds 31 and 38
+    """The optimizer step's parts per 10^9 parameters (tools/offload_step_parts.py) on four hosts: rounds 31, 38 and 41
     (one CPU model), round 39 (another). The host moves CPU Adam's own step, not only the copies."""
     parts = {n: json.loads((H100 / f"round{n}" / "offload_step_parts.txt").read_text().splitlines()[-1])
-             for n in ("31", "38", "39")}
+             for n in ("31", "38", "39", "41")}
     return "the step's parts per 10^9 parameters, " + "; ".join(
         f"round {n} (CPU model {cpu_model(H100 / f'round{n}' / 'cpu.txt')}): CPU Adam {p['cpu_adam_s']:.3f} s, "
         f"unscaling the gradients {p['grad_mul_s']:.3f} s, fp32 from page-locked to the GPU "
@@ -171,17 +171,18 @@ def plot(ab: dict | None = None, found: dict | None = None, ax=None):
     against stock (one machine each): stock's setups (the share of parameters offloaded, checkpointing) and labs' row
     with its copy, with a dashed line at 1.5x the round's fastest stock run."""
     ab, found = ab or copy_ab(), found or stock_best()
-    groups = [("round 31", [(f"labs 8 x 1\n{r['copy']}\ncopy", r["tokens_per_s"], "C9" if r["copy"] == "labs'"
+    # one line per bar, turned upright below: side, split, share offloaded, layers checkpointed (and labs' copy)
+    groups = [("round 31", [(f"labs 8x1, {r['copy']} copy", r["tokens_per_s"], "C9" if r["copy"] == "labs'"
                              else "C7") for r in ab["runs"].values()], None)]
     for n, f in found["rounds"].items():
-        groups.append((f"round {n}", [(f"stock {r['batch']}\n{r['offloaded_params']:.0%} off.\n"
+        groups.append((f"round {n}", [(f"stock {r['batch'].replace(' x ', 'x')}, {r['offloaded_params']:.0%}, "
                                        f"ck {r['checkpointed']}", r["tokens_per_s"], "C1") for r in f["stock"]] +
-                       [(f"labs 8 x 1\n{r['offloaded_params']:.0%} off.\nck {r['checkpointed']}"
-                         + ("\noverlapped" if r["copy"] == "labs' overlapped" else ""), r["tokens_per_s"],
+                       [(f"labs 8x1, {r['offloaded_params']:.0%}, ck {r['checkpointed']}"
+                         + (", overlapped" if r["copy"] == "labs' overlapped" else ""), r["tokens_per_s"],
                          "C0" if r["copy"] == "labs' overlapped" else "C9") for r in f["labs"] + f["others"]],
                        1.5 * f["best"]["tokens_per_s"]))
-    ax = ax or plt.subplots(figsize=(17, 3.8))[1]
-    top = max(value for _, bars, _ in groups for _, value, _ in bars) * 1.12
+    ax = ax or plt.subplots(figsize=(17, 5))[1]
+    top = max(value for _, bars, _ in groups for _, value, _ in bars) * 1.2
     i = 0
     for name, bars, target_line in groups:
         ax.text(i + (len(bars) - 1) / 2, top, name, ha="center", fontsize=9)
@@ -189,13 +190,13 @@ def plot(ab: dict | None = None, found: dict | None = None, ax=None):
             ax.hlines(target_line, i - 0.45, i + len(bars) - 0.55, colors="black", linestyles="dashed", linewidth=0.8)
         for label, value, color in bars:
             ax.bar(i, value, color=color, width=0.7)
-            ax.text(i, value + 60, f"{value:,.0f}", ha="center", fontsize=6.5)
+            ax.text(i, value + 60, f"{value:,.0f}", ha="center", fontsize=6.5, rotation=90, va="bottom")
             i += 1
         if name != groups[-1][0]:
             ax.axvline(i - 0.5, color="black", linewidth=0.8)
     ax.set_xlim(-0.6, i - 0.4)
     ax.set_ylim(0, top * 1.08)
-    ax.set_xticks(range(i), [label for _, bars, _ in groups for label, _, _ in bars], fontsize=6)
+    ax.set_xticks(range(i), [label for _, bars, _ in groups for label, _, _ in bars], fontsize=7, rotation=90)
     ax.set_ylabel("tokens/s (one H100)")
     ax.set_title("Qwen2.5-7B on one H100, optimizer offloaded, 32,768 tokens per optimizer step (grey: DeepSpeed's "
                  "copy in labs' row; cyan: labs' copy waiting after each sub-group; blue: labs' copy overlapped; "

@@ -51,6 +51,8 @@ ROUNDS = {   # round: (stock runs, labs' row, other labs runs), each in the orde
     "39": (("stock61_sg2", "stock61_sg2_again"), ("labs_copy", "labs_copy_again"),
            ("labs61", "labs61_again", "labs61_wait")),
     "40": (("stock61_sg2",), ("labs_copy",), ()),     # that row on another machine, chosen before it ran; one run each
+    # the repeats round 40 could not run, on a third machine: L S L S, then the 62.2% row once (not bracketed)
+    "41": (("stock61_sg2", "stock61_sg2_again"), ("labs_copy", "labs_copy_again"), ("labs61",)),
 }
 SPLITS = ((1, 8), (2, 4), (4, 2), (8, 1))
 CHECKPOINTING = ("full", "none")
@@ -78,7 +80,7 @@ def predict(micro_batch: int, grad_accum: int, checkpointing: str, share: float,
 
 
 def host_gib() -> float:
-    """The rounds' host memory, `free -g`'s total (125 GiB on every machine of rounds 32-40). The search checks a
+    """The rounds' host memory, `free -g`'s total (125 GiB on every machine of rounds 32-41). The search checks a
     setup's predicted host memory against all of it, which favours stock (chapter 10's recipe asks a tenth more)."""
     totals = {int(next(line for line in (H100 / f"round{n}" / "host_memory.txt").read_text().splitlines()
                        if line.startswith("Mem:")).split()[1]) for n in ROUNDS}

@@ -1,0 +1,63 @@
+"""Round 41, a third fresh real H100 (2026-12-06): the repeats round 40 could not run. labs' 71.4% row (as chosen in
+round 39) and stock's best setup alternated twice (L S L S), then the 62.2% row once and the step's parts. Each test
+checks a reading against the files."""
+import json
+
+import pytest
+
+from conftest import unquoted
+from labs.course import offload_verdict, offload_vs_stock, stock_search
+from labs.course.one_card_runs import cpu_model
+
+ROUND41 = stock_search.H100 / "round41"
+
+
+def test_round_41_ran_round_39s_configs_in_the_order_l_s_l_s():
+    """The same configs as rounds 39 and 40 byte for byte, labs' row on the committed config with labs' default copy,
+    and the runs started labs, stock, labs, stock (each run folder's environment.json records its start)."""
+    for name in ("labs_zero3_offload_61.json", "stock_z3_off0.61_sg2e8.json"):
+        assert (stock_search.H100 / "round39" / name).read_bytes() == (ROUND41 / name).read_bytes()
+    started = {}
+    for run_name in ("labs_copy", "stock61_sg2", "labs_copy_again", "stock61_sg2_again", "labs61"):
+        environment = json.loads((ROUND41 / run_name / "environment.json").read_text())
+        started[run_name] = environment["started"]
+        if run_name.startswith("labs_copy"):
+            spec = json.loads((ROUND41 / run_name / "run.json").read_text())
+            assert spec["config"] == "ds_configs/bench/labs_zero3_offload_70.json"
+            assert environment["LABS_OFFLOAD_COPY"] is None and environment["offload_copy"] == "gpu"
+    assert list(started) == sorted(started, key=started.get)
+
+
+def test_the_verdict_counts_round_41_as_a_third_machine_and_the_readme_states_it():
+    """Round 41 ran labs' row as it stands, so the target counts it; its ratio is labs' slower run over stock's
+    fastest; the round folder's README and the target line give the figures as read."""
+    found = offload_vs_stock.stock_best()
+    round41 = found["rounds"]["41"]
+    assert round41["row"] == found["row"] and "41" in found["judged"]
+    labs = sorted(r["tokens_per_s"] for r in round41["labs"])
+    stock = sorted(r["tokens_per_s"] for r in round41["stock"])
+    assert round41["ratio"] == pytest.approx(labs[0] / stock[-1])
+    assert offload_verdict.target(found)["machines"] == len(found["judged"]) >= 3
+    runs = {r["run"]: r for r in round41["labs"] + round41["stock"]}
+    text = (f"labs {runs['labs_copy']['tokens_per_s']:,.0f} and {runs['labs_copy_again']['tokens_per_s']:,.0f} "
+            f"tokens/s (optimizer step {runs['labs_copy']['optimizer_step_s']:.2f} and "
+            f"{runs['labs_copy_again']['optimizer_step_s']:.2f} s), stock {runs['stock61_sg2']['tokens_per_s']:,.0f} "
+            f"and {runs['stock61_sg2_again']['tokens_per_s']:,.0f} ({runs['stock61_sg2']['optimizer_step_s']:.2f} and "
+            f"{runs['stock61_sg2_again']['optimizer_step_s']:.2f} s): labs' slower run over stock's faster, "
+            f"{round41['ratio']:.2f}x")
+    assert unquoted(stock_search.H100 / "README.md", [text]) == []
+
+
+def test_round_41s_host_had_the_slowest_cpu_adam_and_the_same_copy():
+    """The step's parts: CPU Adam per 10^9 parameters slower on round 41's host than on any other host timed, the copy
+    from page-locked memory the same as everywhere (within 5%); the README says both."""
+    parts = {n: json.loads((stock_search.H100 / f"round{n}" / "offload_step_parts.txt").read_text().splitlines()[-1])
+             for n in ("31", "38", "39", "41")}
+    slowest = max(parts, key=lambda n: parts[n]["cpu_adam_s"])
+    assert slowest == "41"
+    copies = [p["copy_to_gpu_fp32_registered_s"] for p in parts.values()]
+    assert max(copies) < 1.05 * min(copies)
+    assert unquoted(stock_search.H100 / "README.md", [f"CPU Adam {parts['41']['cpu_adam_s']:.3f} s per 10^9 "
+                                                      "parameters"]) == []
+    models = {n: cpu_model(stock_search.H100 / f"round{n}" / "cpu.txt") for n in parts}
+    assert models["41"] == models["38"] == models["31"] != models["39"]
