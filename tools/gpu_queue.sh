@@ -17,7 +17,7 @@ if [ ! -e /tmp/site/.installed ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     || { echo "wheel install failed"; exit 3; }
   touch /tmp/site/.installed
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpus.csv" 2>&1
+  nvidia-smi --query-gpu=name,driver_version,memory.total,uuid --format=csv > "$OUT/gpus.csv" 2>&1
   free -g > "$OUT/host_memory.txt"; df -h /tmp > "$OUT/disk.txt"; nproc > "$OUT/nproc.txt"
   # the host's CPU model and clocks: CPU Adam's step depends on them (round 24's H100 host took 19% less time than round 26's H200 host)
   lscpu > "$OUT/cpu.txt" 2>&1

@@ -102,8 +102,8 @@ def recipes() -> list[dict]:
                          stock_tokens_per_s=stock["tokens_per_s_per_gpu"],
                          ratio=labs["tokens_per_s_per_gpu"] / stock["tokens_per_s_per_gpu"],
                          command=train_command(suffix, labs["case"], gpus)))
-    return rows + [offload_verdict.recipe_row()]       # the 7B on one 80 GB card, offloaded (round 32: not one
-                                                        # invocation; labs' slower run against stock's faster)
+    return rows + [offload_verdict.recipe_row()]        # the 7B on one 80 GB card, offloaded (not one invocation:
+                                                        # labs' slower run against stock's faster, one host)
 
 
 def planner_check(suffix: str) -> list[dict]:

@@ -157,13 +157,15 @@ def lines(ab: dict | None = None, found: dict | None = None) -> list[str]:
 
 def parts_line() -> str:
     """The optimizer step's parts per 10^9 parameters (tools/offload_step_parts.py) on four hosts: rounds 31, 38 and 41
-    (one CPU model), round 39 (another). The host moves CPU Adam's own step, not only the copies."""
+    (one CPU model), round 39 (another). The host moves CPU Adam's own step and DeepSpeed's cast copy, which labs' copy
+    replaces, not the copy from page-locked memory."""
     parts = {n: json.loads((H100 / f"round{n}" / "offload_step_parts.txt").read_text().splitlines()[-1])
              for n in ("31", "38", "39", "41")}
     return "the step's parts per 10^9 parameters, " + "; ".join(
         f"round {n} (CPU model {cpu_model(H100 / f'round{n}' / 'cpu.txt')}): CPU Adam {p['cpu_adam_s']:.3f} s, "
         f"unscaling the gradients {p['grad_mul_s']:.3f} s, fp32 from page-locked to the GPU "
-        f"{p['copy_to_gpu_fp32_registered_s']:.3f} s" for n, p in parts.items())
+        f"{p['copy_to_gpu_fp32_registered_s']:.3f} s, DeepSpeed's cast copy from a pageable master (stock's) "
+        f"{p['copy_to_gpu_bf16_pageable_s']:.3f} s" for n, p in parts.items())
 
 
 def plot(ab: dict | None = None, found: dict | None = None, ax=None):
