@@ -24,8 +24,9 @@ def target(found: dict | None = None) -> dict:
     within 0.05 nats" on the model itself: the 7B on one real H100, judged on labs' row as it stands (the rounds that
     ran it; earlier rounds ran an earlier row and are reported). The ratio: in each of those rounds, labs' slower run
     over stock's fastest run on the same host; met only if every one clears 1.5x on at least two machines (hosts have
-    moved one row's ratio by more than the margin over 1.5x: stock_search.row_ratios), and no stock setup predicted to fit that no round
-    ran at its fewest offloaded is estimated faster than stock's fastest run of its round (stock_search.unrun). The
+    moved one row's ratio by more than the margin over 1.5x: stock_search.row_ratios), and no stock setup predicted
+    to fit that no round ran at its fewest offloaded is estimated faster than stock's fastest run of its round
+    (stock_search.unrun). The
     loss: labs' copy and its overlap do not change the update (rounds 31 and 37: the same losses as DeepSpeed's copy
     and as the waiting copy, to GPU noise); labs' 8 x 1 and stock's 2 x 4 part by more than the tolerance in these 6
     steps from random weights, as labs' own 2 x 4 parts from its 8 x 1, so the loss half is judged on the copy, and
