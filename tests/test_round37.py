@@ -9,6 +9,7 @@ import pytest
 from conftest import ROOT
 from labs import config as config_lib, memory
 from labs.course import offload_vs_stock, stock_search
+from labs.course.one_card_runs import round_parts
 
 ROUND37 = stock_search.H100 / "round37"
 
@@ -75,8 +76,7 @@ def test_round_38_ran_what_round_37_ran_and_the_parts_say_the_host_moves_cpu_ada
     10^9 parameters took longer than on round 31's host of the same CPU model, the page-locked copy the same."""
     for name in ("labs_zero3_offload_61.json", "stock_z3_off0.61_sg2e8.json"):
         assert (ROUND37 / name).read_bytes() == (stock_search.H100 / "round38" / name).read_bytes()
-    parts = {n: json.loads((stock_search.H100 / f"round{n}" / "offload_step_parts.txt").read_text().splitlines()[-1])
-             for n in ("31", "38")}
+    parts = {n: round_parts(n) for n in ("31", "38")}
     assert parts["38"]["cpu_adam_s"] > 1.1 * parts["31"]["cpu_adam_s"]
     assert parts["38"]["copy_to_gpu_fp32_registered_s"] == pytest.approx(parts["31"]["copy_to_gpu_fp32_registered_s"],
                                                                         rel=0.05)
@@ -90,8 +90,7 @@ def test_the_readmes_quote_rounds_37_and_38_as_read():
     r37, r38 = found["37"], found["38"]
     speeds = lambda key: " and ".join(f"{f[key]['tokens_per_s']:,.0f}" for f in (r37, r38))
     waited = [f["others"][0] for f in (r37, r38)]
-    parts = {n: json.loads((stock_search.H100 / f"round{n}" / "offload_step_parts.txt").read_text().splitlines()[-1])
-             for n in ("31", "38")}
+    parts = {n: round_parts(n) for n in ("31", "38")}
     figures = [f"labs {speeds('labs_slower')} tokens/s, stock's best {speeds('best')}",
                f"{r37['ratio']:.2f}x and {r38['ratio']:.2f}x",
                " and ".join(f"{w['tokens_per_s']:,.0f}" for w in waited),          # the row waiting per sub-group

@@ -7,7 +7,7 @@ import pytest
 
 from conftest import unquoted
 from labs.course import offload_verdict, offload_vs_stock, stock_search
-from labs.course.one_card_runs import cpu_model
+from labs.course.one_card_runs import cpu_model, round_parts
 
 ROUND41 = stock_search.H100 / "round41"
 
@@ -52,8 +52,7 @@ def test_round_41s_host_had_the_slowest_cpu_adam_and_the_same_copy():
     """The step's parts: CPU Adam per 10^9 parameters slower on round 41's host than on any other host timed, and
     DeepSpeed's cast copy (stock's) with it; the copy from page-locked memory the same as everywhere (within 5%); the
     README says so as the files give it."""
-    parts = {n: json.loads((stock_search.H100 / f"round{n}" / "offload_step_parts.txt").read_text().splitlines()[-1])
-             for n in ("31", "38", "39", "41")}
+    parts = {n: round_parts(n) for n in ("31", "38", "39", "41")}
     slowest = max(parts, key=lambda n: parts[n]["cpu_adam_s"])
     assert slowest == "41"
     copies = [p["copy_to_gpu_fp32_registered_s"] for p in parts.values()]

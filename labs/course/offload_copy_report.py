@@ -21,7 +21,7 @@ import json
 
 from labs import memory
 from labs.course.one_card_runs import (H100, cpu_model, median_timers, offloaded, offloaded_params, round28_run,
-                                       sub_group_size)
+                                       round_parts, sub_group_size)
 from labs.metrics import read_jsonl
 
 ROUND31 = H100 / "round31"
@@ -64,7 +64,7 @@ def copy_ab() -> dict:
     (fp32 from pageable and from page-locked masters, the page-locking itself, DeepSpeed's cast copy) scaled to the
     parameters the row offloads."""
     runs = {name: run(ROUND31 / name) for name in COPY_RUNS}
-    parts = json.loads((ROUND31 / "offload_step_parts.txt").read_text().splitlines()[-1])
+    parts = round_parts("31")
     labs_run = runs["labs_copy"]
     params = json.loads((ROUND31 / "labs_copy" / "summary.json").read_text())["params"]
     params_offloaded = labs_run["offloaded_params"] * params          # whole sub-groups: 71.4% at the 70% setting
@@ -87,7 +87,7 @@ def predicted_saving_s() -> float:
     """Exercise 10.5's answer: round 29's parts (tools/offload_step_parts.py on another host, 10^9 parameters), the
     cast copy DeepSpeed makes less the uncast fp32 copy from page-locked memory, scaled to the parameters whose
     optimizer state round 28's 7B row offloaded (the row chapter 10's sizing section prints)."""
-    parts = json.loads((H100 / "round29" / "offload_step_parts.txt").read_text().splitlines()[-1])
+    parts = round_parts("29")
     _, params_offloaded, _ = round28_run()
     return (parts["copy_to_gpu_bf16_s"] - parts["copy_to_gpu_fp32_s"]) * params_offloaded / parts["numel"]
 

@@ -85,7 +85,8 @@ def recipe_row(found: dict | None = None) -> dict:
                                              f"{stock_search.sub_groups_text(stock['sub_group_size'])}-ck"
                                              f"{stock['checkpointed']}-mb{stock['batch'].replace(' x ', '-ga')}",
                 stock_tokens_per_s=stock["tokens_per_s"], ratio=labs["tokens_per_s"] / stock["tokens_per_s"],
-                command=cases.train_line(options, spec["nproc"]), config=config, folder=folder)
+                command=cases.train_line(options, spec["nproc"]), config=config, folder=folder,
+                seq_len=spec["seq_len"], sequences=options["micro_batch"] * options["grad_accum"])
 
 
 def recipe() -> list[str]:
@@ -95,16 +96,12 @@ def recipe() -> list[str]:
     found = stock_best()
     row = recipe_row(found)
     host_gib = memory.from_run(row["folder"]).host_per_node_bytes / 2**30
-    spec = json.loads((row["folder"] / "run.json").read_text())
-    resolved = json.loads((row["folder"] / "ds_config.json").read_text())
-    sequences = resolved["train_micro_batch_size_per_gpu"] * resolved["gradient_accumulation_steps"]
     sampled = [row["folder"].parent / r["run"] for r in found["rounds"][row["run"]]["labs"]]   # labs' row's runs
     sampled_gib = max(sampled_host(folder)["rank_at_tightest_gib"]
                       for folder in sampled if (folder / "host_samples.txt").exists())
     return [f"# one GPU of 80 GB, a host with at least {math.ceil(1.1 * host_gib)} GiB (labs.memory predicts "
             f"{host_gib:.1f} for the training process, plus a tenth; sampled, the rank held {sampled_gib:.1f}); "
-            f"{spec['seq_len']:,} tokens per sequence "
-            f"(the preset's default), {sequences} sequences per optimizer step; 'bench/...' names a config under "
-            "ds_configs/; --steps defaults to 30",
+            f"{row['seq_len']:,} tokens per sequence (the preset's default), {row['sequences']} sequences per "
+            "optimizer step; 'bench/...' names a config under ds_configs/; --steps defaults to 30",
             row["command"].replace(f"--config bench/{row['config']}",
                                    f"--config bench/{row['config']} --model-path YOUR_MODEL --data YOUR_DATA.jsonl")]

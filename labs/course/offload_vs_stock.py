@@ -11,7 +11,6 @@ labs.course.offload_verdict's.
 from __future__ import annotations
 
 import itertools
-import json
 
 import matplotlib.pyplot as plt
 import torch
@@ -19,7 +18,7 @@ import torch
 from labs import data
 from labs.course import stock_search
 from labs.course.offload_copy_report import copy_ab, default_run, run
-from labs.course.one_card_runs import H100, H200, cpu_model, host_lines, out_of_memory_lines
+from labs.course.one_card_runs import H100, H200, cpu_model, host_lines, out_of_memory_lines, round_parts
 from labs.table import Table
 
 
@@ -159,8 +158,7 @@ def parts_line() -> str:
     """The optimizer step's parts per 10^9 parameters (tools/offload_step_parts.py) on four hosts: rounds 31, 38 and 41
     (one CPU model), round 39 (another). The host moves CPU Adam's own step and DeepSpeed's cast copy, which labs' copy
     replaces, not the copy from page-locked memory."""
-    parts = {n: json.loads((H100 / f"round{n}" / "offload_step_parts.txt").read_text().splitlines()[-1])
-             for n in ("31", "38", "39", "41")}
+    parts = {n: round_parts(n) for n in ("31", "38", "39", "41")}
     return "the step's parts per 10^9 parameters, " + "; ".join(
         f"round {n} (CPU model {cpu_model(H100 / f'round{n}' / 'cpu.txt')}): CPU Adam {p['cpu_adam_s']:.3f} s, "
         f"unscaling the gradients {p['grad_mul_s']:.3f} s, fp32 from page-locked to the GPU "

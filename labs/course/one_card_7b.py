@@ -19,7 +19,7 @@ from labs import memory
 from labs.bench import offload_plan
 from labs.course import gpu_report, host_samples, offload_copy_report, one_gpu_report
 from labs.course.one_card_runs import (H100, H200, card_bytes, cpu_model, median_timers, offloaded, offloaded_params,
-                                       round28_run, sub_group_size)
+                                       round28_run, round_parts, sub_group_size)
 from labs.table import Table
 
 # (card, round, run folder): 8 x 1, 4 x 2 and 2 x 4 on the capped H200; 8 x 1 on an H100 in round 24, then 4 x 2 and
@@ -86,7 +86,7 @@ def step_parts() -> dict:
     the GPU during backward); CPU Adam alone on that host (labs.course.offload's benchmark); round 30's two runs of
     that row on one host, DeepSpeed's copy of the updated weights and one cast on the GPU from the pageable masters:
     tokens/s and the median forward, backward and optimizer step (steps 3-6) of each; lscpu's CPU model per host."""
-    parts = json.loads((H100 / "round29" / "offload_step_parts.txt").read_text().splitlines()[-1])
+    parts = round_parts("29")
     _, offloaded_params, _ = round28_run()
     scaled = {key[:-2]: value * offloaded_params / parts["numel"] for key, value in parts.items() if key.endswith("_s")}
     ab = {name: offload_copy_report.run(H100 / "round30" / name) for name in ("ds_copy", "labs_copy")}

@@ -88,6 +88,12 @@ def out_of_memory_lines() -> list[str]:
     return out
 
 
+def round_parts(round_name: str) -> dict:
+    """A round's optimizer-step parts timed one by one (tools/offload_step_parts.py, its JSON on the last line): seconds
+    per `numel` parameters for CPU Adam, the unscale, each copy, and the setting they ran with."""
+    return json.loads((H100 / f"round{round_name}" / "offload_step_parts.txt").read_text().splitlines()[-1])
+
+
 def sampled_host(run_dir) -> dict:
     """A run's host as tools/host_memory.sh sampled it (labs.course.host_samples), against its round's `free -g`."""
     return host_samples.read(run_dir, free_txt=run_dir.parent / "host_memory.txt")
