@@ -177,6 +177,7 @@ def run(stream=True, **kwargs) -> Run:
              "TORCH_CUDA_ARCH_LIST": env.get("TORCH_CUDA_ARCH_LIST"), "NCCL_NVLS_ENABLE": env.get("NCCL_NVLS_ENABLE"),
              "DS_PIN_MEMORY_BACKEND": env.get("DS_PIN_MEMORY_BACKEND"),       # labs.memory.from_run reads it
              "LABS_OFFLOAD_COPY": env.get("LABS_OFFLOAD_COPY"),
+             "PYTORCH_CUDA_ALLOC_CONF": env.get("PYTORCH_CUDA_ALLOC_CONF"),    # e.g. expandable segments: fits more
              # the copy of updated weights chosen for a ZeRO-3 offload run (labs.offload_copy; a DeepSpeed other
              # than 0.19.8 keeps its own, and the ranks say so), None where the run makes no such copy
              "offload_copy": offload_copy.chosen(env) if offload_copy.applies(resolved, spec["stock"]) else None,

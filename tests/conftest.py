@@ -22,6 +22,18 @@ def unquoted(path, figures) -> list[str]:
     return [figure for figure in figures if figure not in text]
 
 
+def l_s_l_s_text(found_round: dict) -> str:
+    """How a round folder's README states a round that ran labs' row and stock's best twice each (rounds 41 and 42):
+    both speeds and optimizer steps per side, and labs' slower run over stock's faster."""
+    runs = {r["run"]: r for r in found_round["labs"] + found_round["stock"]}
+    speeds = lambda a, b: f"{runs[a]['tokens_per_s']:,.0f} and {runs[b]['tokens_per_s']:,.0f}"
+    steps = lambda a, b: f"{runs[a]['optimizer_step_s']:.2f} and {runs[b]['optimizer_step_s']:.2f} s"
+    return (f"labs {speeds('labs_copy', 'labs_copy_again')} tokens/s (optimizer step "
+            f"{steps('labs_copy', 'labs_copy_again')}), stock {speeds('stock61_sg2', 'stock61_sg2_again')} "
+            f"({steps('stock61_sg2', 'stock61_sg2_again')}): labs' slower run over stock's faster, "
+            f"{found_round['ratio']:.2f}x")
+
+
 def interruptible(command: list[str]) -> list[str]:
     """`command`, started with SIGINT's default action restored, for a process a test sends SIGINT (Ctrl-C). A shell
     that ignores SIGINT (a non-interactive shell's background job: `cmd &`) passes SIG_IGN on to every child, and

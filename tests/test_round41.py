@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from conftest import unquoted
+from conftest import l_s_l_s_text, unquoted
 from labs.course import offload_verdict, offload_vs_stock, stock_search
 from labs.course.one_card_runs import cpu_model, round_parts
 
@@ -38,13 +38,7 @@ def test_the_verdict_counts_round_41_as_a_third_machine_and_the_readme_states_it
     stock = sorted(r["tokens_per_s"] for r in round41["stock"])
     assert round41["ratio"] == pytest.approx(labs[0] / stock[-1])
     assert offload_verdict.target(found)["machines"] == len(found["judged"]) >= 3
-    runs = {r["run"]: r for r in round41["labs"] + round41["stock"]}
-    text = (f"labs {runs['labs_copy']['tokens_per_s']:,.0f} and {runs['labs_copy_again']['tokens_per_s']:,.0f} "
-            f"tokens/s (optimizer step {runs['labs_copy']['optimizer_step_s']:.2f} and "
-            f"{runs['labs_copy_again']['optimizer_step_s']:.2f} s), stock {runs['stock61_sg2']['tokens_per_s']:,.0f} "
-            f"and {runs['stock61_sg2_again']['tokens_per_s']:,.0f} ({runs['stock61_sg2']['optimizer_step_s']:.2f} and "
-            f"{runs['stock61_sg2_again']['optimizer_step_s']:.2f} s): labs' slower run over stock's faster, "
-            f"{round41['ratio']:.2f}x")
+    text = l_s_l_s_text(round41)
     assert unquoted(stock_search.H100 / "README.md", [text]) == []
 
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 import json
 
 from labs import memory
-from labs.course.one_card_runs import (H100, cpu_model, median_timers, offloaded, offloaded_params, round28_run,
-                                       round_parts, sub_group_size)
+from labs.course.one_card_runs import (H100, allocator, cpu_model, median_timers, offloaded, offloaded_params,
+                                       round28_run, round_parts, sub_group_size)
 from labs.metrics import read_jsonl
 
 ROUND31 = H100 / "round31"
@@ -33,8 +33,8 @@ DEFAULT_RUN = H100 / "round33" / "default_copy"       # round 33: the committed 
 
 def run(run_dir) -> dict:
     """One run: engine side, copy, split, offloaded share (the setting, and of the parameters), sub-group size,
-    checkpointing, tokens/s, MFU, GPU peak against labs.memory, the median forward, backward and optimizer step (steps
-    3-6), and the loss at every step."""
+    checkpointing, PyTorch's allocator setting, tokens/s, MFU, GPU peak against labs.memory, the median forward,
+    backward and optimizer step (steps 3-6), and the loss at every step."""
     summary = json.loads((run_dir / "summary.json").read_text())
     spec = json.loads((run_dir / "run.json").read_text())
     recorded = json.loads((run_dir / "environment.json").read_text())
@@ -50,7 +50,7 @@ def run(run_dir) -> dict:
                 copy="labs' overlapped" if overlapped else "labs'" if labs_copy else "DeepSpeed's",
                 batch=f"{summary['micro_batch']} x {summary['gradient_accumulation']}",
                 offloaded=share, sub_group_size=size, offloaded_params=offloaded_params(share, size, spec["preset"]),
-                checkpointed=summary["activation_checkpointing"], loss=summary["loss"],
+                checkpointed=summary["activation_checkpointing"], loss=summary["loss"], allocator=allocator(run_dir),
                 tokens_per_step=summary["tokens_per_step"], tokens_per_s=summary["tokens_per_s_per_gpu"],
                 mfu=summary["mfu"], mfu_causal=summary["mfu_causal"],
                 gpu_gib=max(summary["peak_memory_bytes"]) / 2**30,

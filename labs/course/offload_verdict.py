@@ -48,14 +48,16 @@ def target(found: dict | None = None) -> dict:
                         for row, ratios in stock_search.row_ratios(found["rounds"]).items() if row != found["row"])
     return dict(target="labs' offload >= 1.5x stock's best offload, same tokens per step, loss within 0.05 nats "
                        f"(7B, 1 x H100, one machine per round; stock: every split with and without checkpointing at "
-                       "the fewest parameters offloaded that fit, or an estimate where not run, searched over "
-                       "`ratio` and `sub_group_size` only)",
+                       "the fewest parameters offloaded that fit" + (", or an estimate where not run" if unrun else "")
+                       + ", searched over `ratio` and `sub_group_size` only)",
                 measured=f"{found['conservative']:.2f}x in round {found['deciding']} ({slower['run']}: "
                          f"{slower['batch']}, {found['row']}, vs {best['run']}: {best['batch']}, "
                          f"{best['offloaded_params']:.1%}, checkpointing {best['checkpointed']}); labs' row as it "
                          f"stands ran on {machines} machine{'s' if machines > 1 else ''}: {per_round}; earlier rows, "
-                         f"labs' slower run over stock's fastest of the round: {earlier}; stock estimates faster "
-                         f"than stock's runs: {len(faster_estimates)} of {len(unrun)}; the loss half, judged on "
+                         f"labs' slower run over stock's fastest of the round: {earlier}; "
+                         + (f"stock estimates faster than stock's runs: {len(faster_estimates)} of {len(unrun)}" if unrun
+                            else "every stock cell that fits ran at its fewest offloaded (no estimates)")
+                         + f"; the loss half, judged on "
                          f"labs' copy alone: {gaps['copy_alone']:.3f} nats, "
                          f"its overlap alone {gaps['overlap_alone']:.3f}; reported, not judged: stock's best split "
                          f"ends {gaps['against_best_last']:.3f} nats from labs' 8 x 1 at step 6 (the split, as "

@@ -136,7 +136,7 @@ def lines(ab: dict | None = None, found: dict | None = None) -> list[str]:
         f"{per['copy_to_gpu_bf16_pageable']:.3f} s timed whole from a pageable master and "
         f"{per['copy_to_gpu_bf16']:.3f} s "
         "from a page-locked one",
-        *stock_search.lines(found["rounds"]),
+        *stock_search.lines(found["rounds"]), *estimates_checked(found["rounds"]),
         f"deciding: round {found['deciding']}, labs over stock {found['conservative']:.3f}x"
         + (" (one run each)" if len(found["rounds"][found["deciding"]]["labs"]) == 1 ==
            len(found["rounds"][found["deciding"]]["stock"]) else
@@ -154,11 +154,31 @@ def lines(ab: dict | None = None, found: dict | None = None) -> list[str]:
         f"{default['tokens_per_s']:,.0f} tokens/s, optimizer step {default['optimizer_step_s']:.2f} s"]
 
 
+def estimates_checked(rounds: dict) -> list[str]:
+    """Each stock estimate (stock_search.unrun) that a later round replaced with a run: the estimate made from the
+    rounds before it against the run."""
+    out, names = [], list(rounds)
+    for i, n in enumerate(names[1:], 1):
+        before = {m: rounds[m] for m in names[:i]}
+        if not all(stock_search.ran_at(cell, before) for cell in stock_search.grid() if cell["fits"]):
+            continue      # a cell no round had run yet has no run to estimate from
+        now = {(u["batch"], u["checkpointed"]) for u in stock_search.unrun({m: rounds[m] for m in names[:i + 1]})}
+        for u in stock_search.unrun(before):
+            ran = [r for r in rounds[n]["stock"] if (r["batch"], r["checkpointed"]) == (u["batch"], u["checkpointed"])]
+            if (u["batch"], u["checkpointed"]) not in now and ran:
+                out.append(f"estimate replaced by round {n}'s run: {u['batch']}, checkpointing {u['checkpointed']} at "
+                           f"{u['offloaded_params']:.1%} offloaded, estimated {u['estimated_tokens_per_s']:,.0f} "
+                           f"tokens/s (from {u['estimated_from']}), ran {ran[0]['tokens_per_s']:,.0f} "
+                           f"({ran[0]['tokens_per_s'] / u['estimated_tokens_per_s'] - 1:+.1%})"
+                           + (f" with {ran[0]['allocator']}" if ran[0]["allocator"] else ""))
+    return out
+
+
 def parts_line() -> str:
-    """The optimizer step's parts per 10^9 parameters (tools/offload_step_parts.py) on four hosts: rounds 31, 38 and 41
-    (one CPU model), round 39 (another). The host moves CPU Adam's own step and DeepSpeed's cast copy, which labs' copy
-    replaces, not the copy from page-locked memory."""
-    parts = {n: round_parts(n) for n in ("31", "38", "39", "41")}
+    """The optimizer step's parts per 10^9 parameters (tools/offload_step_parts.py) on five hosts: rounds 31, 38, 41
+    and 42 (one CPU model), round 39 (another). The host moves CPU Adam's own step and DeepSpeed's cast copy, which
+    labs' copy replaces, not the copy from page-locked memory."""
+    parts = {n: round_parts(n) for n in ("31", "38", "39", "41", "42")}
     return "the step's parts per 10^9 parameters, " + "; ".join(
         f"round {n} (CPU model {cpu_model(H100 / f'round{n}' / 'cpu.txt')}): CPU Adam {p['cpu_adam_s']:.3f} s, "
         f"unscaling the gradients {p['grad_mul_s']:.3f} s, fp32 from page-locked to the GPU "
@@ -176,12 +196,13 @@ def plot(ab: dict | None = None, found: dict | None = None, ax=None):
                              else "C7") for r in ab["runs"].values()], None)]
     for n, f in found["rounds"].items():
         groups.append((f"round {n}", [(f"stock {r['batch'].replace(' x ', 'x')}, {r['offloaded_params']:.0%}, "
-                                       f"ck {r['checkpointed']}", r["tokens_per_s"], "C1") for r in f["stock"]] +
+                                       f"ck {r['checkpointed']}" + (", exp. segments" if r["allocator"] else ""),
+                                       r["tokens_per_s"], "C1") for r in f["stock"]] +
                        [(f"labs 8x1, {r['offloaded_params']:.0%}, ck {r['checkpointed']}"
                          + (", overlapped" if r["copy"] == "labs' overlapped" else ""), r["tokens_per_s"],
                          "C0" if r["copy"] == "labs' overlapped" else "C9") for r in f["labs"] + f["others"]],
                        1.5 * f["best"]["tokens_per_s"]))
-    ax = ax or plt.subplots(figsize=(17, 5))[1]
+    ax = ax or plt.subplots(figsize=(19, 5))[1]
     top = max(value for _, bars, _ in groups for _, value, _ in bars) * 1.2
     i = 0
     for name, bars, target_line in groups:

@@ -65,13 +65,26 @@ def round28_run() -> tuple[int, float, float]:
 
 
 # round: (run, what it was, its config in the round's folder, the `labs train` options it ran with)
-OUT_OF_MEMORY = {"37": (("labs57", "60.1% offloaded, 27 layers checkpointed, 0.57 of 3e8 sub-groups",
+OUT_OF_MEMORY = {"37": (("labs57", "labs, 60.1% offloaded, 27 layers checkpointed, 0.57 of 3e8 sub-groups",
                          "labs_zero3_offload_57.json", dict(micro_batch=8, grad_accum=1, loss="liger",
-                                                            kernels="liger", activation_checkpointing=27)),)}
+                                                            kernels="liger", activation_checkpointing=27)),),
+                 "42": (("stock74_mb4", "stock, 76.3% offloaded, 4 x 2, full checkpointing, 0.74 of 3e8 sub-groups",
+                         "stock_z3_off74_sg3.json", dict(micro_batch=4, grad_accum=2, loss="hf", kernels="stock",
+                                                         activation_checkpointing="full")),)}
+# Runs that set PyTorch's allocator (PYTORCH_CUDA_ALLOC_CONF) before run folders recorded it (environment.json has
+# since the twenty-seventh session): round, run -> the setting, as the round's jobs file has it (tests/test_round42.py)
+ALLOCATOR = {("42", "stock74_mb4_exp"): "expandable_segments:True",
+             ("42", "stock61_sg2_exp"): "expandable_segments:True"}
+
+
+def allocator(run_dir) -> str | None:
+    """The PYTORCH_CUDA_ALLOC_CONF a run ran with (None: PyTorch's default allocator)."""
+    recorded = json.loads((run_dir / "environment.json").read_text()).get("PYTORCH_CUDA_ALLOC_CONF")
+    return recorded or ALLOCATOR.get((run_dir.parent.name.removeprefix("round"), run_dir.name))
 
 
 def out_of_memory_lines() -> list[str]:
-    """labs runs that ran out of GPU memory, from their job logs: what PyTorch had allocated and held reserved but
+    """Runs that ran out of GPU memory, from their job logs: what PyTorch had allocated and held reserved but
     unallocated (labs.memory predicts allocated memory only)."""
     out = []
     for n, runs in OUT_OF_MEMORY.items():
@@ -100,11 +113,12 @@ def sampled_host(run_dir) -> dict:
 
 
 def host_lines(found: dict) -> list[str]:
-    """The host of each labs run sampled each second (tools/host_memory.sh, round 37 on): the training rank's peak
-    private and shared memory, the host's least available memory, against labs.memory's host figure for the run."""
+    """The host of each run sampled each second (tools/host_memory.sh: labs' from round 37 on, stock's in round 42):
+    the training rank's peak private and shared memory, the host's least available memory, against labs.memory's
+    host figure for the run."""
     out = []
     for n, f in found["rounds"].items():
-        for r in f["labs"] + f["others"]:
+        for r in f["stock"] + f["labs"] + f["others"]:
             folder = H100 / f"round{n}" / r["run"]
             if not (folder / "host_samples.txt").exists():
                 continue

@@ -15,7 +15,9 @@ what the search minimises. labs.memory says which setups fit; the runs (results/
   copies overlapped), stock's round-36 setup, and that row waiting after each sub-group's copy (another labs run);
 - round 39 (another): the 62.2% row and stock's round-36 setup alternating twice, the row waiting, and labs' 71.4% row
   (25 layers checkpointed) with the overlapped copy twice: faster on that host, so labs' row from then on;
-- round 40 (another): that row, then stock's round-36 setup, one run each (the repeats did not fit the device time).
+- round 40 (another): that row, then stock's round-36 setup, one run each (the repeats did not fit the device time);
+- round 41 (another): the two alternating twice, then the 62.2% row; round 42 (another): the same, then the three
+  cells no round had run at their fewest offloaded (4 x 2 out of memory there until expandable segments).
 
 Every ratio divides a labs run by a stock run of the same round: hosts differ (labs' earlier row ran 5,939-6,516
 tokens/s across rounds 31-36, printed by lines()).
@@ -53,6 +55,10 @@ ROUNDS = {   # round: (stock runs, labs' row, other labs runs), each in the orde
     "40": (("stock61_sg2",), ("labs_copy",), ()),     # that row on another machine, chosen before it ran; one run each
     # the repeats round 40 could not run, on a third machine: L S L S, then the 62.2% row once (not bracketed)
     "41": (("stock61_sg2", "stock61_sg2_again"), ("labs_copy", "labs_copy_again"), ("labs61",)),
+    # round 41's jobs on a fourth machine, then the three cells above that had only estimates (unrun), 4 x 2 with
+    # expandable segments after it ran out of memory without, and stock's best with them
+    "42": (("stock61_sg2", "stock61_sg2_again", "stock45_mb1", "stock74_mb1_nock", "stock74_mb4_exp",
+            "stock61_sg2_exp"), ("labs_copy", "labs_copy_again"), ("labs61",)),
 }
 SPLITS = ((1, 8), (2, 4), (4, 2), (8, 1))
 CHECKPOINTING = ("full", "none")
@@ -223,7 +229,7 @@ def table(found: dict | None = None) -> Table:
     for cell in grid():
         estimate = estimates.get((cell["batch"], cell["checkpointed"]))
         ran = "; ".join(f"{r['round']}: {r['offloaded_params']:.1%} {r['tokens_per_s']:,.0f}"
-                        for r in ran_at(cell, found))
+                        + (f" ({r['allocator']})" if r["allocator"] else "") for r in ran_at(cell, found))
         rows.append({"batch": cell["batch"], "checkpointed": cell["checkpointed"],
                      "fewest params offloaded that fit (ratio, sub_group_size)": (
                          f"{cell['offloaded_params']:.1%} ({cell['offloaded']:.0%}, "
@@ -235,7 +241,8 @@ def table(found: dict | None = None) -> Table:
                      "estimate there (not a run): tokens/s, labs' slower run of that round over it": (
                          f"{estimate['estimated_tokens_per_s']:,.0f} (from {estimate['estimated_from']}), "
                          f"{estimate['labs_over_estimate']:.2f}x" if estimate else "-")})
-    return Table(rows, list(rows[0]))
+    # the estimate column only while a cell has one (round 42 ran the last three)
+    return Table(rows, [c for c in rows[0] if estimates or not c.startswith("estimate there")])
 
 
 def lines(found: dict | None = None) -> list[str]:
