@@ -227,6 +227,13 @@ def check_hardware(nproc: int, on_gpu: bool, seq_len: int, dims: dict, estimate_
         raise LabsError(f"labs.memory predicts a peak of {need / 2**30:,.1f} GiB {where}, far above the "
                         f"{have / 2**30:,.1f} GiB there is; see `labs memory ... --gpu-memory` for what fits "
                         "(or pass --no-memory-check)")
+    if on_gpu and need > memory.usable_bytes(have) - GPU_MARGIN and \
+            "expandable_segments:True" not in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""):
+        print(f"labs: note: labs.memory predicts a peak of {need / 2**30:,.1f} GiB per GPU, within "
+              f"{GPU_MARGIN / 2**30:.0f} GiB of the {memory.usable_bytes(have) / 2**30:,.1f} GiB PyTorch can use here; "
+              "it counts allocated memory, and PyTorch's cache can hold GiBs more reserved but unallocated: if the run "
+              "stops out of GPU memory saying so, set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+              file=sys.stderr, flush=True)
     # An offloaded optimizer's host memory, on a GPU host: the kernel's OOM killer ends a rank that runs out of it at
     # the first optimizer step, minutes in. The model is 2% under the one GPU record (results/gpu/zenflow_1xh200/off20b),
     # so more than the host's memory is refused outright.
@@ -244,6 +251,11 @@ def check_hardware(nproc: int, on_gpu: bool, seq_len: int, dims: dict, estimate_
               "recorded runs held a few GiB more than predicted and the system needs its share: watch the host "
               "(tools/host_memory.sh) in the first steps", file=sys.stderr, flush=True)
 
+
+# Within this much of the card's usable memory (labs.memory.usable_bytes), a GPU run gets a note: on one H100 (74.7 GiB
+# usable) stock's 4 x 2 predicted at 73.4 GiB ran out of memory with 11.2 GiB reserved but unallocated and ran with
+# expandable segments (results/gpu/one_card_7b_1xh100/round42), and labs' 60.1% row at 74.1 ran out with 4.9 (round37).
+GPU_MARGIN = 2 * 2**30
 
 # Within this share of the host, an offload run that passes the check gets a note: the 7B at 70% offloaded held 107.4
 # GiB against 104.8 predicted (results/gpu/one_card_7b_1xh200), sequential ZenFlow on the 3B 74.1 against 72.4

@@ -116,6 +116,37 @@ def test_an_offloaded_7b_on_a_gpu_host_without_the_host_memory(monkeypatch, caps
         check("qwen2.5-7b", 2, "full")
 
 
+def test_a_gpu_run_within_2_gib_of_the_card_gets_a_note_on_the_allocator(monkeypatch, capsys):
+    """labs.memory predicts allocated memory; PyTorch's cache holds more. On one H100, stock's 4 x 2 at 74% of 3e8
+    sub-groups (73.4 GiB predicted, 74.7 usable) ran out of memory with 11.2 GiB reserved but unallocated and ran with
+    expandable segments (round 42), so a run predicted within 2 GiB of the usable memory gets one note naming the
+    setting; labs' one-card row (70.5 GiB) gets none, nor does a run that already sets it."""
+    from labs import memory, models, preflight
+
+    monkeypatch.setattr(preflight, "ranks_that_fit", lambda on_gpu: 1)
+    monkeypatch.setattr(preflight, "host_memory_bytes", lambda: 250 * 2**30)        # no host note here
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    dims = models.shape("qwen2.5-7b")
+    stock = json.loads((ROOT / "results/gpu/one_card_7b_1xh100/round42/stock_z3_off74_sg3.json").read_text())
+    labs_row = json.loads((ROOT / "ds_configs/bench/labs_zero3_offload_70.json").read_text())
+
+    def notes(config, micro_batch, grad_accum, checkpointing, loss, kernels):
+        preflight.check_hardware(1, True, 4096, dims, dict(
+            dims=dims, gpus_per_node=1, seq_len=4096, loss=loss, kernels=kernels, ds_config=config,
+            micro_batch=micro_batch, grad_accum=grad_accum, activation_checkpointing=checkpointing),
+            memory.gpu_bytes("H100"))
+        return capsys.readouterr().err.strip().splitlines()
+
+    stock_4x2 = (stock, 4, 2, "full", "hf", "stock")
+    assert notes(*stock_4x2) == ["labs: note: labs.memory predicts a peak of 73.4 GiB per GPU, within 2 GiB of the "
+                                 "74.7 GiB PyTorch can use here; it counts allocated memory, and PyTorch's cache can "
+                                 "hold GiBs more reserved but unallocated: if the run stops out of GPU memory saying "
+                                 "so, set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"]
+    assert notes(labs_row, 8, 1, 25, "liger", "liger") == []
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    assert notes(*stock_4x2) == []
+
+
 # ------------------------------------------------------------------------------------------ config
 def test_misspelt_top_level_key(tmp_path, capsys):
     path = tmp_path / "cfg.json"
