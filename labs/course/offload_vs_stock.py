@@ -25,7 +25,8 @@ from labs.table import Table
 def stock_best() -> dict:
     """Every round against stock (stock_search.ROUNDS): every run; labs' row as the latest round ran it and the rounds
     that ran that row (judged; earlier rounds ran an earlier row); the deciding round, the judged round where labs'
-    slower run over stock's fastest is smallest; in it, labs' mean over the mean of stock's runs of its fastest setup.
+    slower run over stock's fastest is smallest; in it, labs' mean over the mean of stock's runs of its fastest setup
+    (the same allocator setting too).
     Also labs' own 2 x 4 of round 26 (capped H200), whose losses stock's 2 x 4 follows."""
     found = stock_search.rounds()
     row = stock_search.latest_row(found)
@@ -33,8 +34,8 @@ def stock_best() -> dict:
     deciding = min(judged, key=lambda n: found[n]["ratio"])
     here = found[deciding]
     best = here["best"]
-    same_setup = [r for r in here["stock"] if (r["batch"], r["offloaded"], r["sub_group_size"]) ==
-                  (best["batch"], best["offloaded"], best["sub_group_size"])]
+    same_setup = [r for r in here["stock"] if (r["batch"], r["offloaded"], r["sub_group_size"], r["allocator"]) ==
+                  (best["batch"], best["offloaded"], best["sub_group_size"], best["allocator"])]
     mean = lambda runs: sum(r["tokens_per_s"] for r in runs) / len(runs)
     return dict(rounds=found, row=row, judged=judged, deciding=deciding,
                 stock=[r for f in found.values() for r in f["stock"]],
