@@ -50,7 +50,7 @@ def run(run_dir) -> dict:
                 copy="labs' overlapped" if overlapped else "labs'" if labs_copy else "DeepSpeed's",
                 batch=f"{summary['micro_batch']} x {summary['gradient_accumulation']}",
                 offloaded=share, sub_group_size=size, offloaded_params=offloaded_params(share, size, spec["preset"]),
-                checkpointed=summary["activation_checkpointing"], loss=summary["loss"], allocator=allocator(run_dir),
+                checkpointed=summary["activation_checkpointing"], loss=summary["loss"], allocator=allocator(run_dir, recorded),
                 tokens_per_step=summary["tokens_per_step"], tokens_per_s=summary["tokens_per_s_per_gpu"],
                 mfu=summary["mfu"], mfu_causal=summary["mfu_causal"],
                 gpu_gib=max(summary["peak_memory_bytes"]) / 2**30,

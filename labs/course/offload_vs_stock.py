@@ -165,7 +165,7 @@ def estimates_checked(rounds: dict) -> list[str]:
             continue      # a cell no round had run yet has no run to estimate from
         now = {(u["batch"], u["checkpointed"]) for u in stock_search.unrun({m: rounds[m] for m in names[:i + 1]})}
         for u in stock_search.unrun(before):
-            ran = [r for r in rounds[n]["stock"] if (r["batch"], r["checkpointed"]) == (u["batch"], u["checkpointed"])]
+            ran = stock_search.ran_at(u, {n: rounds[n]})
             if (u["batch"], u["checkpointed"]) not in now and ran:
                 out.append(f"estimate replaced by round {n}'s run: {u['batch']}, checkpointing {u['checkpointed']} at "
                            f"{u['offloaded_params']:.1%} offloaded, estimated {u['estimated_tokens_per_s']:,.0f} "

@@ -77,10 +77,12 @@ ALLOCATOR = {("42", "stock74_mb4_exp"): "expandable_segments:True",
              ("42", "stock61_sg2_exp"): "expandable_segments:True"}
 
 
-def allocator(run_dir) -> str | None:
-    """The PYTORCH_CUDA_ALLOC_CONF a run ran with (None: PyTorch's default allocator)."""
-    recorded = json.loads((run_dir / "environment.json").read_text()).get("PYTORCH_CUDA_ALLOC_CONF")
-    return recorded or ALLOCATOR.get((run_dir.parent.name.removeprefix("round"), run_dir.name))
+def allocator(run_dir, recorded: dict | None = None) -> str | None:
+    """The PYTORCH_CUDA_ALLOC_CONF a run ran with (None: PyTorch's default allocator), from its environment.json
+    (`recorded`, where the caller has read it already) or ALLOCATOR."""
+    recorded = recorded if recorded is not None else json.loads((run_dir / "environment.json").read_text())
+    return (recorded.get("PYTORCH_CUDA_ALLOC_CONF")
+            or ALLOCATOR.get((run_dir.parent.name.removeprefix("round"), run_dir.name)))
 
 
 def out_of_memory_lines() -> list[str]:
