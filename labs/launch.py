@@ -167,7 +167,7 @@ def run(stream=True, **kwargs) -> Run:
                 print((work / "launch.log").read_text(errors="replace"), end="", flush=True)
             runfolder.publish(work, out)
             return Run(out)
-        command = launcher_command(spec["nproc"], work, nodes)
+        command = launcher_command(spec["nproc"], work, nodes, cpu=spec.get("device") == "cpu")
         (work / "run.json").write_text(json.dumps(spec, indent=1) + "\n")
         (work / "ds_config.json").write_text(json.dumps(resolved, indent=1) + "\n")
         (work / "command.txt").write_text(shlex.join(command) + "\n")
@@ -220,12 +220,13 @@ def run(stream=True, **kwargs) -> Run:
     return Run(out)
 
 
-def launcher_command(nproc: int, run_dir: Path, nodes=None) -> list[str]:
+def launcher_command(nproc: int, run_dir: Path, nodes=None, cpu: bool = False) -> list[str]:
     """One host: torchrun --standalone (its own rendezvous on a port it holds open, so concurrent launches never
-    collide). Several nodes: torchrun's static rendezvous, or DeepSpeed's runner with the hostfile (multinode)."""
+    collide). Several nodes: torchrun's static rendezvous, or DeepSpeed's runner with the hostfile (multinode).
+    CPU ranks under torchrun are forked from a launcher that imported what they import (labs.fork_launcher)."""
+    torchrun = "labs.fork_launcher" if cpu else "torch.distributed.run"
     if nodes is not None:
         if nodes.launcher == "deepspeed":
             return multinode.deepspeed_command(nodes, run_dir)
-        return multinode.torchrun_command(nodes, nproc, run_dir)
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-            "-m", "labs.rank", str(run_dir)]
+        return multinode.torchrun_command(nodes, nproc, run_dir, torchrun)
+    return [sys.executable, "-m", torchrun, "--standalone", f"--nproc_per_node={nproc}", "-m", "labs.rank", str(run_dir)]

@@ -170,9 +170,10 @@ def _check_whole(flag, value, least):
 
 
 # ---------------------------------------------------------------------------------------------- the commands
-def torchrun_command(nodes: Nodes, nproc: int, run_dir: Path) -> list[str]:
-    """torchrun on this node: the static rendezvous at node 0's HOST:PORT, fixed node rank, no restarts."""
-    return [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes.nnodes}",
+def torchrun_command(nodes: Nodes, nproc: int, run_dir: Path, torchrun: str = "torch.distributed.run") -> list[str]:
+    """torchrun on this node: the static rendezvous at node 0's HOST:PORT, fixed node rank, no restarts (`torchrun`:
+    the module, labs.fork_launcher for CPU ranks)."""
+    return [sys.executable, "-m", torchrun, f"--nnodes={nodes.nnodes}",
             f"--node-rank={nodes.node_rank}", f"--nproc-per-node={nproc}", "--rdzv-backend=static",
             f"--rdzv-endpoint={nodes.endpoint}", f"--rdzv-conf=timeout={nodes.rdzv_timeout}", "--max-restarts=0",
             "-m", "labs.rank", str(run_dir)]

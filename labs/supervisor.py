@@ -22,6 +22,7 @@ from labs.errors import RunStopped
 
 GRACE_S = 10          # torchrun's time to stop its ranks before everything left is killed
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
+PR_SET_NAME = 15
 
 
 def die_with_parent(sig: int):
@@ -30,6 +31,15 @@ def die_with_parent(sig: int):
         import ctypes
 
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(sig))
+
+
+def name_process(name: str):
+    """Set this process's name as top, ps -o comm and /proc/PID/comm show it (at most 15 bytes; Linux, else a no-op):
+    a forked rank's command line is its launcher's, so the name is what tells them apart."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]))
 
 
 def run(command: list[str], env: dict, log_path: Path, echo: bool) -> int:

@@ -20,7 +20,7 @@ LAYERS = [
     ("instruments", ["labs.instruments"]),
     ("bench", ["labs.bench"]),
     ("course", ["labs.course"]),
-    ("entry points", ["labs.cli", "labs.rank", "labs.__main__"]),
+    ("entry points", ["labs.cli", "labs.rank", "labs.fork_launcher", "labs.__main__"]),
 ]
 FUNCTION_LEVEL_ALLOWED = {"labs.cli"}
 

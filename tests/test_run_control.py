@@ -15,20 +15,20 @@ STOP_WITHIN_S = 15
 
 
 def _processes_of(folder) -> list[int]:
-    """Processes whose command line names the run's working folder: torchrun and the ranks."""
-    return [pid for pid, cmdline in processes_naming(str(folder)).items()
-            if "labs.rank" in cmdline or "torch.distributed.run" in cmdline]
+    """Processes whose command line names the run's working folder: the launcher (torchrun, or labs.fork_launcher
+    for CPU ranks) and the ranks (forked from it, they show its command line)."""
+    return [pid for pid, cmdline in processes_naming(str(folder)).items() if "labs.rank" in cmdline]
 
 
 def _rank_pid(folder, rank: int) -> int:
+    """A rank names itself (labs.supervisor.name_process): forked, it has its launcher's command line and
+    environment block, so neither tells the ranks apart."""
     for pid in _processes_of(folder):
         try:
-            environ = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+            if open(f"/proc/{pid}/comm").read().strip() == f"labs rank {rank}":
+                return pid
         except OSError:
             continue
-        cmdline = open(f"/proc/{pid}/cmdline", "rb").read()
-        if f"RANK={rank}".encode() in environ and b"labs.rank" in cmdline and b"torch.distributed.run" not in cmdline:
-            return pid
     raise AssertionError(f"rank {rank} not found")
 
 
@@ -119,3 +119,30 @@ def test_oom_kills_reads_a_count_where_the_kernel_gives_one():
     count = supervisor.oom_kills()
     if os.path.exists("/proc/vmstat") and "oom_kill " in open("/proc/vmstat").read():
         assert isinstance(count, int) and count >= 0
+
+
+def test_forked_ranks_report_a_killed_rank_that_the_agent_did_not(tmp_path, capsys):
+    """A forked group reports one failure: when rank 0's broken collective is found before rank 1's SIGKILL,
+    labs.fork_launcher prints rank 1's exit in torchrun's words, and labs names rank 1 and its signal."""
+    import gc
+    from types import SimpleNamespace
+
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    collecting = gc.isenabled()
+    from labs import fork_launcher, supervisor      # imports labs.rank, which turns the collector off (see there)
+    if collecting:
+        gc.enable()
+
+    group = SimpleNamespace(processes=[SimpleNamespace(exitcode=1, pid=101), SimpleNamespace(exitcode=-9, pid=102),
+                                       SimpleNamespace(exitcode=-15, pid=103)])
+    fork_launcher._started.append(group)
+    try:
+        failed = ChildFailedError("forked", {4: ProcessFailure(local_rank=0, pid=101, exitcode=1, error_file="")})
+        fork_launcher.report_other_failures(failed)
+    finally:
+        fork_launcher._started.remove(group)
+    printed = capsys.readouterr().err
+    assert "rank      : 5 (local_rank: 1)" in printed and "pid: 103" not in printed    # SIGTERM: the agent's own
+    (tmp_path / "launch.log").write_text("rank : 4 (local_rank: 0)\n  exitcode : 1 (pid: 101)\n" + printed)
+    assert supervisor.failure_message(tmp_path, 1, None).startswith("rank 5 was killed by signal 9 (SIGKILL)")
