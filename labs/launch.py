@@ -229,4 +229,5 @@ def launcher_command(nproc: int, run_dir: Path, nodes=None, cpu: bool = False) -
         if nodes.launcher == "deepspeed":
             return multinode.deepspeed_command(nodes, run_dir)
         return multinode.torchrun_command(nodes, nproc, run_dir, torchrun)
-    return [sys.executable, "-m", torchrun, "--standalone", f"--nproc_per_node={nproc}", "-m", "labs.rank", str(run_dir)]
+    return [sys.executable, "-m", torchrun, "--standalone", f"--nproc_per_node={nproc}",
+            "-m", "labs.rank", str(run_dir)]
