@@ -72,7 +72,7 @@ def report_other_failures(failed: ChildFailedError):
 
 
 if __name__ == "__main__":
-    gc.freeze()     # the forks share these objects' pages; a collection in a rank must not touch (and copy) them
+    gc.freeze()     # out of every rank's collections (labs.train freezes what the rank adds on top)
     torchrun.elastic_launch = forked_launch
     torch_mp.start_processes = _keep(torch_mp.start_processes)
     torchrun.main(sys.argv[1:])

@@ -17,6 +17,8 @@ import sys
 import traceback
 from pathlib import Path
 
+import torch
+
 from labs import instruments, peers, supervisor, train
 
 
@@ -34,9 +36,9 @@ def run(run_dir: Path):
         peers.stop_if_announced()       # a collective another node's stop broke: say so (see there), not the error
         (run_dir / f"rank{os.environ.get('RANK', '0')}.err").write_text(traceback.format_exc())
         raise
-    # The interpreter's shutdown, which the callers skip (see below), is also what stops daemon helper processes
-    # (multiprocessing's atexit hook): ZenFlow's overlapped CPU optimizer is one, and left alive it keeps the
-    # launcher's output pipe open, so labs never returns.
+    # Stop daemon helper processes here (ZenFlow's overlapped CPU optimizer is one: left alive, it keeps the
+    # launcher's output pipe open, so labs never returns). Their usual stop, multiprocessing's exit hook, runs in the
+    # interpreter's shutdown, which `python -m labs.rank` skips (see below).
     for child in multiprocessing.active_children():
         if child.daemon:
             child.terminate()
@@ -46,12 +48,17 @@ def run(run_dir: Path):
 
 
 def forked(run_dir: str):
-    """A rank forked from labs.fork_launcher, which imported everything above first. It starts with the launcher's
-    signal handlers (torch's agent turns SIGTERM into an exception): a rank takes signals as a fresh process would.
-    Returning ends the process without the interpreter's shutdown (multiprocessing's os._exit)."""
-    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+    """A rank forked from labs.fork_launcher, which imported everything above first. Set up as torchrun's spawned
+    ranks are: a session of its own (torch's subprocess handler starts each rank with start_new_session), default
+    signal handling (it inherits the agent's handlers, which turn SIGTERM into an exception; and torch's process
+    wrapper would swallow the KeyboardInterrupt of Python's SIGINT handler, exiting 0), and the intra-op thread
+    count of its OMP_NUM_THREADS (which torch read at import, in the launcher). Returning ends the process through
+    multiprocessing: its exit hook, then os._exit, never the interpreter's shutdown (see below)."""
+    os.setsid()
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGINT):
         signal.signal(sig, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    if os.environ.get("OMP_NUM_THREADS", "").isdigit():
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     run(Path(run_dir))
 
 

@@ -146,3 +146,20 @@ def test_forked_ranks_report_a_killed_rank_that_the_agent_did_not(tmp_path, caps
     assert "rank      : 5 (local_rank: 1)" in printed and "pid: 103" not in printed    # SIGTERM: the agent's own
     (tmp_path / "launch.log").write_text("rank : 4 (local_rank: 0)\n  exitcode : 1 (pid: 101)\n" + printed)
     assert supervisor.failure_message(tmp_path, 1, None).startswith("rank 5 was killed by signal 9 (SIGKILL)")
+
+
+def test_cpu_ranks_start_through_the_fork_launcher_whose_agent_it_can_watch(tmp_path):
+    """CPU ranks: labs.fork_launcher; GPU ranks: torchrun itself. The launcher reads every forked rank's exit code
+    from the process group torch's agent starts through torch.multiprocessing.start_processes (fork_launcher._keep):
+    if torch starts them some other way, report_other_failures would go quiet, so this fails first."""
+    import inspect
+
+    import torch.distributed.elastic.multiprocessing.api as elastic_api
+    import torch.multiprocessing
+
+    from labs import launch
+
+    assert launch.launcher_command(2, tmp_path, cpu=True)[1:3] == ["-m", "labs.fork_launcher"]
+    assert launch.launcher_command(2, tmp_path)[1:3] == ["-m", "torch.distributed.run"]
+    assert elastic_api.mp is torch.multiprocessing
+    assert "mp.start_processes(" in inspect.getsource(elastic_api.MultiprocessContext._start)
