@@ -25,21 +25,23 @@ PR_SET_PDEATHSIG = 1  # linux/prctl.h
 PR_SET_NAME = 15
 
 
-def die_with_parent(sig: int):
-    """Ask the kernel to send `sig` to this process when its parent dies (Linux; elsewhere a no-op)."""
+def _prctl(option: int, value):
+    """prctl(2) on Linux; elsewhere a no-op."""
     if sys.platform.startswith("linux"):
         import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(sig))
+        ctypes.CDLL(None, use_errno=True).prctl(option, value)
+
+
+def die_with_parent(sig: int):
+    """Ask the kernel to send `sig` to this process when its parent dies (Linux; elsewhere a no-op)."""
+    _prctl(PR_SET_PDEATHSIG, int(sig))
 
 
 def name_process(name: str):
     """Set this process's name as top, ps -o comm and /proc/PID/comm show it (at most 15 bytes; Linux, else a no-op):
     a forked rank's command line is its launcher's, so the name is what tells them apart."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]))
+    _prctl(PR_SET_NAME, name.encode()[:15])
 
 
 def run(command: list[str], env: dict, log_path: Path, echo: bool) -> int:
