@@ -22,8 +22,8 @@ from pathlib import Path
 import torch
 
 from labs import config as config_lib
-from labs import (data, models, multinode, offload_copy, peers, preflight, rendezvous, resolve, runcache, runfolder,
-                  supervisor)
+from labs import (data, models, multinode, offload_copy, peers, preflight, prefork, rendezvous, resolve, runcache,
+                  runfolder, supervisor)
 from labs import env as env_lib
 from labs import resume as resume_lib
 from labs.errors import LabsError, RankFailed, RunStopped, check_choice
@@ -196,7 +196,8 @@ def run(stream=True, **kwargs) -> Run:
         oom_before = supervisor.oom_kills()
         try:
             with peers.heartbeat(nodes):    # several nodes: the others' ranks stop if this node goes silent
-                code = supervisor.run(command, env, work / "launch.log", echo=stream)
+                code = supervisor.run(command, env, work / "launch.log", echo=stream,
+                                      start=prefork.start if command[1:3] == prefork.LAUNCHER else None)
         except (KeyboardInterrupt, RunStopped) as stop:
             if nodes:       # the other nodes' ranks may be waiting on this node's in a collective (labs.peers)
                 peers.announce(nodes.host, nodes.port, f"node {nodes.node_rank}: interrupted")

@@ -44,13 +44,12 @@ def name_process(name: str):
     _prctl(PR_SET_NAME, name.encode()[:15])
 
 
-def run(command: list[str], env: dict, log_path: Path, echo: bool) -> int:
+def run(command: list[str], env: dict, log_path: Path, echo: bool, start=None) -> int:
     """Run the launcher `command`, copying its output (rank 0's progress included) to our stdout and a log;
-    returns its exit code. Interrupted, it stops the whole run before the exception goes on."""
-    wrapped = [sys.executable, "-m", "labs.supervisor", *command]
+    returns its exit code. Interrupted, it stops the whole run before the exception goes on. `start(command, env)`,
+    if given, starts the launcher instead of a new interpreter (labs.prefork) and returns a Popen look-alike."""
     with open(log_path, "wb") as log, _signals_raise():
-        process = subprocess.Popen(wrapped, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                   start_new_session=True)
+        process = (start or _start)(command, env)
         try:
             while chunk := process.stdout.read1(4096):
                 log.write(chunk)
@@ -61,6 +60,11 @@ def run(command: list[str], env: dict, log_path: Path, echo: bool) -> int:
         except BaseException:
             stop(process)
             raise
+
+
+def _start(command: list[str], env: dict) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "labs.supervisor", *command], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def stop(process: subprocess.Popen):

@@ -79,3 +79,21 @@ def test_cpu_info_is_measured_once_per_machine_and_then_read(tmp_path, monkeypat
         env.serve_cpu_info_from_cache(str(tmp_path))
         assert [cpuinfo.get_cpu_info() for _ in range(3)] == [found] * 3
     assert len(calls) == 1 and [p.name.startswith("cpu_info-") for p in tmp_path.iterdir()] == [True]
+
+
+def test_deepspeeds_cpu_accelerator_counts_the_ranks_per_node_without_numactl(monkeypatch):
+    """The ranks get LOCAL_SIZE (ranks per node), as DeepSpeed's own launcher sets it; a user's own is kept. With it,
+    DeepSpeed's CPU accelerator counts its devices without running `numactl --hardware`, which ZeRO-3 asks at every
+    gradient reduction (labs.env)."""
+    assert env.repaired_environment(2, cpu_offload=False, base={})[0]["LOCAL_SIZE"] == "2"
+    assert env.repaired_environment(4, cpu_offload=False, base={"LOCAL_SIZE": "8"})[0]["LOCAL_SIZE"] == "8"
+    from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
+
+    def no_numactl(*args, **kwargs):
+        raise AssertionError(f"DeepSpeed ran {args[0]}")
+    monkeypatch.setattr(subprocess, "check_output", no_numactl)
+    monkeypatch.setenv("LOCAL_SIZE", "3")
+    assert CPU_Accelerator().device_count() == 3
+    monkeypatch.delenv("LOCAL_SIZE")
+    with pytest.raises(AssertionError, match="numactl"):
+        CPU_Accelerator().device_count()

@@ -9,21 +9,45 @@ import time
 
 import pytest
 
-from conftest import ROOT, interruptible, processes_naming
+from conftest import ROOT, interruptible
 
 STOP_WITHIN_S = 15
 
 
-def _processes_of(folder) -> list[int]:
-    """Processes whose command line names the run's working folder: the launcher (torchrun, or labs.fork_launcher
-    for CPU ranks) and the ranks (forked from it, they show its command line)."""
-    return [pid for pid, cmdline in processes_naming(str(folder)).items() if "labs.rank" in cmdline]
+def _descendants(pid: int) -> list[int]:
+    """The processes below `pid`, now: for a CPU run, labs' warm server (labs.prefork), the launcher it forked and
+    the ranks forked from that (all three show the server's command line; a rank names itself)."""
+    parents = {}
+    for child in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            parents[int(child)] = int(open(f"/proc/{child}/stat").read().rpartition(")")[2].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    found, todo = [], [pid]
+    while todo:
+        above = todo.pop()
+        below = [child for child, parent in parents.items() if parent == above]
+        found += below
+        todo += below
+    return found
 
 
-def _rank_pid(folder, rank: int) -> int:
+def _alive(pids) -> list[int]:
+    """Those of `pids` that still exist and are not zombies."""
+    left = []
+    for pid in pids:
+        try:
+            if open(f"/proc/{pid}/stat").read().rpartition(")")[2].split()[0] != "Z":
+                left.append(pid)
+        except OSError:
+            continue
+    return left
+
+
+def _rank_pid(processes, rank: int) -> int:
     """A rank names itself (labs.supervisor.name_process): forked, it has its launcher's command line and
     environment block, so neither tells the ranks apart."""
-    for pid in _processes_of(folder):
+    for pid in processes:
         try:
             if open(f"/proc/{pid}/comm").read().strip() == f"labs rank {rank}":
                 return pid
@@ -33,7 +57,8 @@ def _rank_pid(folder, rank: int) -> int:
 
 
 def _start(out):
-    """`labs train` for many steps; returns the process once its ranks are training (the first step logged)."""
+    """`labs train` for many steps; returns the process, its working folder and every process below it, once its
+    ranks are training (the first step logged)."""
     command = interruptible([sys.executable, "-m", "labs", "train", "--steps", "500", "--out", out, "--quiet"])
     process = subprocess.Popen(command, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
@@ -41,37 +66,39 @@ def _start(out):
     while time.time() < deadline:
         logs = list(out.parent.glob(f".{out.name}.partial-*/metrics.jsonl"))
         if logs and logs[0].read_text().strip():
-            return process, logs[0].parent
+            below = _descendants(process.pid)
+            assert _rank_pid(below, 0) and _rank_pid(below, 1)
+            return process, logs[0].parent, below
         assert process.poll() is None, process.communicate()
         time.sleep(0.5)
     process.kill()
     raise AssertionError("the run did not start training within 240 s")
 
 
-def _stopped(process, work) -> tuple[int, str, float]:
+def _stopped(process, below) -> tuple[int, str, float]:
     start = time.time()
     try:
         _, err = process.communicate(timeout=STOP_WITHIN_S + 30)
     except subprocess.TimeoutExpired:
         process.kill()
         raise
-    while _processes_of(work) and time.time() - start < STOP_WITHIN_S:
+    while _alive(below) and time.time() - start < STOP_WITHIN_S:
         time.sleep(0.2)
-    assert not _processes_of(work), f"processes left: {_processes_of(work)}"
+    assert not _alive(below), f"processes left: {[open(f'/proc/{p}/comm').read() for p in _alive(below)]}"
     return process.returncode, err, time.time() - start
 
 
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_interrupt_stops_every_process_and_keeps_nothing(tmp_path, sig, code):
     out = tmp_path / "run"
-    process, work = _start(out)
+    process, work, below = _start(out)
     if sig == signal.SIGINT:        # while it runs, a second run on the same --out is refused at once
         second = subprocess.run([sys.executable, "-m", "labs", "train", "--steps", "2", "--out", str(out)], cwd=ROOT,
                                 env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
                                 timeout=120)
         assert second.returncode == 2 and "is being written by another labs run" in second.stderr, second.stderr
     process.send_signal(sig)
-    returncode, err, seconds = _stopped(process, work)
+    returncode, err, seconds = _stopped(process, below)
     assert returncode == code and seconds < STOP_WITHIN_S, (returncode, err, seconds)
     assert "every process of the run was stopped" in err.strip().splitlines()[-1]
     assert sorted(p.name for p in tmp_path.iterdir()) == [], "a partial folder, lock or run folder was left"
@@ -79,9 +106,9 @@ def test_interrupt_stops_every_process_and_keeps_nothing(tmp_path, sig, code):
 
 def test_a_dead_rank_stops_the_run_and_is_named(tmp_path):
     out = tmp_path / "run"
-    process, work = _start(out)
-    os.kill(_rank_pid(work, 0), signal.SIGKILL)
-    returncode, err, seconds = _stopped(process, work)
+    process, work, below = _start(out)
+    os.kill(_rank_pid(below, 0), signal.SIGKILL)
+    returncode, err, seconds = _stopped(process, below)
     first = err.strip().splitlines()[0]
     assert returncode == 1 and first.startswith("labs: rank 0 was killed by signal 9 (SIGKILL)"), err
     assert sorted(p.name for p in tmp_path.iterdir()) == []
@@ -89,9 +116,9 @@ def test_a_dead_rank_stops_the_run_and_is_named(tmp_path):
 
 def test_sigkill_of_labs_takes_the_ranks_with_it(tmp_path):
     out = tmp_path / "run"
-    process, work = _start(out)
+    process, work, below = _start(out)
     process.kill()
-    returncode, _, seconds = _stopped(process, work)
+    returncode, _, seconds = _stopped(process, below)
     assert returncode == -signal.SIGKILL and seconds < STOP_WITHIN_S
     assert work.exists()          # nobody was left to clean up: the next run at this --out removes it (see
     #                               test_reliability.py::test_publish_replaces_an_earlier_run_and_clears_stale_partials)
