@@ -46,6 +46,13 @@ def median_after_warmup(values: list[float], warmup: int) -> float | None:
     return statistics.median(kept) if kept else None
 
 
+def timing(steps: int, warmup: int) -> str:
+    """Which steps median_after_warmup took its median over, in words."""
+    if steps > warmup:
+        return f"median of steps {warmup + 1}-{steps}"
+    return f"median of steps 1-{steps} (none after the {warmup} warm-up steps)"
+
+
 class Meter:
     """Turns a step's seconds, losses and memory into the numbers people compare: tokens/s, TFLOP/s, MFU."""
 
@@ -94,7 +101,7 @@ class Meter:
             mfu_causal=self.causal_flops_per_step / seconds / self.world_size / self.peak if self.peak else None,
             flops_per_token=self.flops_per_step / self.tokens_per_step,
             flop_convention="mfu: attention over the full matrix (12 L H S per token); mfu_causal: its causal half",
-            timing=f"median of steps {warmup + 1}-{len(records)}",
+            timing=timing(len(records), warmup),
             peak_memory_bytes=[max(r["peak_memory_bytes"][i] for r in records) for i in range(self.world_size)],
             memory_kind=self.memory_kind,
             allocated_after_init_bytes=[r["allocated_after_init"] for r in per_rank],
