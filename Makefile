@@ -28,12 +28,21 @@ CHECKPOINTING ?= $(if $(filter 1,$(GPU)),full,none)
 # pip compiles every module it installs to bytecode (about 35 of the 77 s this takes on a 2-core VM): keep it. With
 # `--no-compile` (tried 2026-12-05) nothing was compiled where PYTHONDONTWRITEBYTECODE is set, as on this course's
 # development VMs, and every process compiled torch again: 3.4 s of CPU to import it instead of 1.6.
+# DeepSpeed's CPU Adam op (chapter 3's offload runs and several tests) compiles once per environment, about 90 s of
+# CPU: started as soon as torch and DeepSpeed are in (their versions pinned by requirements.txt), it runs beside the
+# rest of the install, which keeps one core of two busy (tools/build_cpu_adam.py, its output in the log below). If it
+# fails, the first run that needs the op tries again and shows why.
+BUILD_LOG := $(VENV)/build_cpu_adam.log
 $(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -r requirements.txt
-	$(PY) -m pip install -q --no-deps -r requirements-nodeps.txt
-	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
+	$(PY) -m pip install -q -c requirements.txt torch deepspeed
+	$(PY) tools/build_cpu_adam.py > $(BUILD_LOG) 2>&1 & build=$$!; \
+	  $(PY) -m pip install -q -r requirements.txt && \
+	  $(PY) -m pip install -q --no-deps -r requirements-nodeps.txt && \
+	  $(PY) -m pip install -q --no-deps --no-build-isolation -e .; installed=$$?; \
+	  wait $$build || echo "warning: DeepSpeed's CPU Adam op did not build ahead (see $(BUILD_LOG))"; \
+	  exit $$installed
 	touch $(STAMP)
 
 train: $(STAMP)
