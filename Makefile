@@ -31,13 +31,15 @@ CHECKPOINTING ?= $(if $(filter 1,$(GPU)),full,none)
 # DeepSpeed's CPU Adam op (chapter 3's offload runs and several tests) compiles once per environment, about 90 s of
 # CPU: started as soon as torch and DeepSpeed are in (their versions pinned by requirements.txt), it runs beside the
 # rest of the install, which keeps one core of two busy (tools/build_cpu_adam.py, its output in the log below). If it
-# fails, the first run that needs the op tries again and shows why.
+# fails, the first run that needs the op tries again and shows why. Bounded in time: a build killed outright leaves
+# torch's lock file, on which the next one would wait forever; and stopped when make is.
 BUILD_LOG := $(VENV)/build_cpu_adam.log
 $(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c requirements.txt torch deepspeed
-	$(PY) tools/build_cpu_adam.py > $(BUILD_LOG) 2>&1 & build=$$!; \
+	timeout 900 $(PY) tools/build_cpu_adam.py > $(BUILD_LOG) 2>&1 & build=$$!; \
+	  trap 'kill $$build 2>/dev/null' INT TERM EXIT; \
 	  $(PY) -m pip install -q -r requirements.txt && \
 	  $(PY) -m pip install -q --no-deps -r requirements-nodeps.txt && \
 	  $(PY) -m pip install -q --no-deps --no-build-isolation -e .; installed=$$?; \
@@ -50,21 +52,21 @@ train: $(STAMP)
 	  --loss $(LOSS) --kernels $(KERNELS) --activation-checkpointing $(CHECKPOINTING) $(if $(NPROC),--nproc $(NPROC))
 
 # `make test` runs two streams side by side on two cores (`make unit` alone kept 1.5 of 2 cores busy: rank start-up,
-# rendezvous, kernels waiting on their ranks): the unit tests then the book and its browser tests, and the chapters,
-# about as long as each other (a fresh clone on a 2-core VM, 2026-12-05: unit tests 15:01, chapters 1-8 15:44, chapters
-# 0, 9 and 10 0:30, book and browser tests about 1:00 alone). The book is built from the notebooks as committed, so it
-# need not wait for the chapters to run; built after both streams it added a minute with one core idle. A third stream
-# was tried on 2026-12-05 and reverted: four fresh clones took 20:19, 18:19, 23:13 and 24:11 (user + system CPU 31-41
-# minutes, against about 34 with two): the two cores are the limit, not the streams. The quickstart's one 30-step run is
-# the one tests/test_train.py trains: whichever asks second copies it from the run cache. Each line is prefixed with
-# what printed it. One cache of finished runs serves both (labs/runcache.py): a run the tests launched is not trained
-# again when a chapter asks for the very same run; a chapter that asks while a test trains it waits for it. The
-# chapters write their runs under the same temporary folder (LABS_RUNS), not into runs/, removed when the target ends.
-# The launch report at the end says how many runs were trained or reused and which took longest (tools/).
-# 2026-12-07, a fresh clone on this course's 2-core VM: 25:34 (44.1 min of CPU; 57 runs trained, 1,435 s of summed run
-# time, about 60% of a tiny run being start-up, mostly each rank importing torch, DeepSpeed and Qwen2), then 24:35 with
-# CPU ranks forked after one shared import (labs/fork_launcher.py: 41.6 min of CPU; the same 57 runs in 1,248 s).
-# CI took 1,015-1,758 s on its machines in the two stops before; the aim is under 20 minutes.
+# rendezvous, kernels waiting on their ranks): the unit tests; and the chapters, then the book and its browser tests
+# (the book is built from the notebooks as committed, so it need not wait for the chapters to run). Each line is
+# prefixed with what printed it. A third stream was tried on 2026-12-05 and reverted: the two cores are the limit. One
+# cache of finished runs serves both (labs/runcache.py): a run the tests launched is not trained again when a chapter
+# asks for the very same run (the quickstart's 30-step run is tests/test_train.py's); a chapter that asks while a test
+# trains it waits for it. The chapters write their runs under the same temporary folder (LABS_RUNS), not into runs/,
+# removed when the target ends. The launch report at the end says how many runs were trained or reused and which took
+# longest (tools/). Fresh clones on this course's 2-core VM, install included (about 2 minutes):
+# - 2026-12-07, 24:52: 57 runs trained in 1,278 s of summed run time, about 60% of a tiny run being start-up, mostly
+#   importing torch, DeepSpeed and Qwen2, even with each CPU rank forked after its launcher's imports (fork_launcher);
+# - then 19:04 with each launcher forked from a warm server that did those imports once per notebook or pytest session
+#   (labs/prefork.py: the same runs in 810 s; unit tests 15:30 with the book after them, chapters 1-8 14:12);
+# - then 19:41 with CPU Adam built during the install (2:38 instead of 1:57; chapters 1-8 13:01, unit tests 15:42,
+#   701 s of runs): the chapters were no longer the longer stream, so the book and browser tests moved to theirs.
+# CI took 1,015-1,758 s on its machines in the three stops before; the aim is under 20 minutes.
 LATE_CHAPTERS := notebooks/00_quickstart.ipynb notebooks/09_qwen7b_on_gpu.ipynb notebooks/10_zenflow.ipynb
 EARLY_CHAPTERS := $(filter-out $(LATE_CHAPTERS),$(sort $(wildcard notebooks/*.ipynb)))
 test: $(STAMP)
@@ -75,14 +77,14 @@ test: $(STAMP)
 # make's own -j2 starts the two streams: a shell's `&` would start them with SIGINT ignored, which the Ctrl-C tests
 # (tests/test_run_control.py) would inherit
 tests-stream: $(STAMP)
-	set -o pipefail; $(MAKE) --no-print-directory unit 2>&1 | sed -u 's/^/unit| /'; unit=$$?; \
-	  $(MAKE) --no-print-directory book browser 2>&1 | sed -u 's/^/book| /'; exit $$(( unit || $$? ))
+	set -o pipefail; $(MAKE) --no-print-directory unit 2>&1 | sed -u 's/^/unit| /'
 
 chapters-stream: $(STAMP)
 	set -o pipefail; $(MAKE) --no-print-directory notebooks NOTEBOOK_FILES="$(EARLY_CHAPTERS)" 2>&1 | \
 	  sed -u 's/^/chapters 1-8| /'; early=$$?; \
 	  $(MAKE) --no-print-directory notebooks NOTEBOOK_FILES="$(LATE_CHAPTERS)" 2>&1 | sed -u 's/^/chapters 0, 9, 10| /'; \
-	  exit $$(( early || $$? ))
+	  late=$$?; $(MAKE) --no-print-directory book browser 2>&1 | sed -u 's/^/book| /'; \
+	  exit $$(( early || late || $$? ))
 
 unit: $(STAMP)
 	$(PY) -m pytest tests -q --ignore=tests/browser --durations=15 --instafail

@@ -42,9 +42,10 @@ def repaired_environment(nproc: int, cpu_offload: bool, base: dict | None = None
             changes.append(f"OMP_NUM_THREADS 1 -> {threads} (CPU-Adam would run on one core)")
         env["OMP_NUM_THREADS"] = str(threads)
     # DeepSpeed's CPU accelerator counts its devices from LOCAL_SIZE, which DeepSpeed's own launcher sets to the ranks
-    # per node; unset, it runs `numactl --hardware` at every ZeRO-3 gradient reduction (160 times a rank in an 8-step
-    # tiny run: 0.4 s of its CPU) and, where numactl is missing, counts one device per node. GPU ranks ignore it.
-    env.setdefault("LOCAL_SIZE", str(nproc))
+    # per node (over any inherited value, as here); unset, it runs `numactl --hardware` at every ZeRO-3 gradient
+    # reduction (160 times a rank in an 8-step tiny run: 0.4 s of its CPU) and, where numactl is missing, counts one
+    # device per node. GPU ranks ignore it.
+    env["LOCAL_SIZE"] = str(nproc)
     if not torch.cuda.is_available():
         env["DS_ACCELERATOR"] = "cpu"
         # A CPU rank allocates and frees its activations every step, and glibc hands the pages back to the kernel,

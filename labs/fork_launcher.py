@@ -18,16 +18,16 @@ if __name__ == "__main__":
 import signal
 import sys
 
-import deepspeed.runtime.engine  # noqa: F401  (what deepspeed.initialize imports: not its Muon modules, labs.env)
-import deepspeed.runtime.zero.stage3  # noqa: F401
-import deepspeed.runtime.zero.stage_1_and_2  # noqa: F401
-import torch.distributed.run as torchrun
-import torch.multiprocessing as torch_mp
-from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-from torch.distributed.launcher.api import elastic_launch
-from transformers.models.qwen2 import modeling_qwen2  # noqa: F401  (labs.models builds it in every rank)
+from labs import prefork_server
 
-from labs import data, rank
+prefork_server.preload()    # torch, DeepSpeed's engine and ZeRO, transformers' Qwen2: what every rank imports
+
+import torch.distributed.run as torchrun  # noqa: E402
+import torch.multiprocessing as torch_mp  # noqa: E402
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError  # noqa: E402
+from torch.distributed.launcher.api import elastic_launch  # noqa: E402
+
+from labs import data, rank  # noqa: E402
 
 RANK_MODULE = ("-m", "labs.rank")
 

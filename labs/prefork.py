@@ -7,25 +7,26 @@ labs.fork_launcher spares each rank the imports; this spares the launcher. Start
 launcher spends about 5 s of CPU importing before it forks a rank, a quarter of a tiny 2-rank run's CPU (2-core VM,
 2026-12-07). A notebook or test session that launches many runs pays it once here.
 
-What a launcher forked from here gets is what `python -m labs.supervisor python -m labs.fork_launcher ...` gets:
-- its own session (labs stops a run with SIGTERM to the launcher's process group, then SIGKILL), SIGTERM when its
-  parent dies, default signal handling, stdin from /dev/null, stdout and stderr to the pipe labs reads, no other file
-  descriptor, the run's environment and working folder;
-- labs' own modules imported afresh (an edit to labs/ between two runs of one notebook reaches the ranks, as it
-  would with a fresh interpreter); only the third-party modules come from this server.
-This server lives as long as the labs process that started it: it exits when its stdin (a pipe that process holds)
-closes, however that process ended, and its launchers then take SIGTERM (parent death) and stop their ranks.
-Variables read when an interpreter starts (PYTHONPATH, GLIBC_TUNABLES, ...) are the server's: a run whose
-environment differs in any variable but THREAD_VARIABLES gets a server of its own.
+A launcher forked from here gets what `python -m labs.supervisor python -m labs.fork_launcher ...` gets: a session
+of its own (labs stops a run with SIGTERM to the launcher's process group, then SIGKILL), SIGTERM when its parent
+dies, default signal handling, stdout and stderr on the pipe labs reads, the run's environment and working folder,
+no other file descriptor (stdin is /dev/null, where the exec'd launcher inherits labs' own; neither reads it), and
+labs' own modules imported afresh (an edit to labs/ between two runs of one notebook reaches the ranks, as it would
+with a new interpreter): only third-party modules come from the server. It exits as that interpreter would (its exit
+code, a traceback for an exception), except that it skips the wait for non-daemon threads at the very end.
 
-Protocol: a Unix SEQPACKET socket pair. labs sends one message per run, the JSON request and two file descriptors
-(the write ends of the output pipe and of a status pipe); the server forks, writes "pid N" to the status pipe, and
-"exit CODE" (CODE negative for a signal, as Popen's returncode) when it reaps the launcher.
+A server lives as long as the labs process that started it: it exits when its stdin (a pipe that process holds)
+closes, however that process ended, and its launchers then take SIGTERM (parent death) and stop their ranks. It is
+started with the first run's environment: variables read when an interpreter starts or imports (PYTHONPATH,
+GLIBC_TUNABLES, DS_ACCELERATOR, ...) are fixed from then on, so a run whose environment differs in any other than
+the per-run ones below gets a server of its own, and an idle one is retired.
+
+This module is labs' side; labs.prefork_server is the server's (and says how the two talk).
 """
 from __future__ import annotations
 
 import array
-import importlib
+import contextlib
 import json
 import os
 import select
@@ -35,202 +36,184 @@ import subprocess
 import sys
 import tempfile
 import threading
-import traceback
+import time
 
-from labs import supervisor
+from labs import prefork_server, supervisor
 
-# Read by each rank (it sets its threads from it: labs.rank.forked) or on use, not when an interpreter starts.
-THREAD_VARIABLES = ("OMP_NUM_THREADS", "LOCAL_SIZE")
+# Variables that may differ between the runs one server serves, since nothing reads them before the fork: the rank's
+# threads (labs.rank.forked sets torch's and OpenMP's from OMP_NUM_THREADS; the server itself runs with one), the
+# ranks per node, pytest's name of the test now running (it changes in its process for every test), and labs' own
+# settings (labs' modules are imported afresh after the fork).
+PER_RUN_VARIABLES = ("OMP_NUM_THREADS", "LOCAL_SIZE", "PYTEST_CURRENT_TEST")
+PER_RUN_PREFIX = "LABS_"
 LAUNCHER = ["-m", "labs.fork_launcher"]
-READY = b"ready"
 START_TIMEOUT_S = 300       # the imports take 5-8 s on a 2-core VM; far more on a loaded host
 
 
 # ------------------------------------------------------------------------------------------------ labs' side
+class Server:
+    """One warm server, as labs sees it: the process, the socket to it, its log, how many of its launchers run."""
+
+    def __init__(self, env: dict):
+        self.control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.log, self.running = tempfile.TemporaryFile(), 0
+        # stdin: the pipe whose end this process holds until it exits; a session of its own: a Ctrl-C in a terminal
+        # reaches labs, which stops its runs, not the server
+        self.process = subprocess.Popen([sys.executable, "-m", "labs.prefork_server", str(theirs.fileno())],
+                                        env=dict(env, OMP_NUM_THREADS="1"), stdin=subprocess.PIPE, stdout=self.log,
+                                        stderr=self.log, pass_fds=[theirs.fileno()], start_new_session=True)
+        theirs.close()
+        try:
+            self.control.settimeout(START_TIMEOUT_S)
+            with contextlib.suppress(OSError):
+                if self.control.recv(64) == prefork_server.READY:
+                    self.control.settimeout(None)
+                    return
+            raise RuntimeError(f"labs.prefork: the warm server failed to start:\n{self.log_tail()}")
+        except BaseException:
+            self.retire()
+            raise
+
+    def log_tail(self) -> str:
+        self.log.seek(0)
+        return self.log.read()[-4000:].decode(errors="replace")
+
+    def retire(self):
+        """Close its stdin and socket: the server exits (its launchers, if any, take SIGTERM)."""
+        self.control.close()
+        self.process.stdin.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(10)
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
 class Launch:
     """What labs.supervisor.run uses of a subprocess.Popen: pid, stdout, wait(timeout), poll(), returncode."""
 
-    def __init__(self, pid: int, stdout, status_fd: int):
-        self.pid, self.stdout, self._status, self.returncode = pid, stdout, status_fd, None
+    def __init__(self, server: Server, stdout, status_fd: int):
+        self.server, self.stdout, self._status = server, stdout, status_fd
+        self.pid, self.returncode, self._said = None, None, b""
+        server.running += 1
+
+    def read_pid(self):
+        while not self._said.endswith(b"\n") and (chunk := os.read(self._status, 1)):
+            self._said += chunk
+        if not self._said.startswith(b"pid "):
+            raise RuntimeError(f"labs.prefork: the warm server did not start the launcher ({self._said.decode()!r}):"
+                               f"\n{self.server.log_tail()}")
+        self.pid, self._said = int(self._said.split()[1]), b""
 
     def poll(self):
-        if self.returncode is None and not select.select([self._status], [], [], 0)[0]:
-            return None
-        return self.wait()
-
-    def wait(self, timeout=None):
-        if self.returncode is None:
-            if not select.select([self._status], [], [], timeout)[0]:
-                raise subprocess.TimeoutExpired("labs.fork_launcher", timeout)
-            message = b""
-            while chunk := os.read(self._status, 64):
-                message += chunk
-            os.close(self._status)
-            # no exit line: the server itself was killed, and the launcher with it (parent death: SIGTERM)
-            self.returncode = int(message.split()[1]) if message.startswith(b"exit ") else -signal.SIGTERM
+        if self.returncode is None and _readable(self._status, 0):
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.wait(0)
         return self.returncode
 
+    def wait(self, timeout=None):
+        if self.returncode is not None:
+            return self.returncode
+        if not _readable(self._status, timeout):
+            raise subprocess.TimeoutExpired("labs.fork_launcher", timeout)
+        while chunk := os.read(self._status, 64):
+            self._said += chunk
+        if not self._said.startswith(b"exit "):
+            # The server died: the launcher took SIGTERM (parent death) and is stopping its ranks; it is not our
+            # child, so wait for it by its pid (stop() escalates to SIGKILL if it takes too long).
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while _exists(self.pid):
+                if deadline is not None and time.monotonic() > deadline:
+                    raise subprocess.TimeoutExpired("labs.fork_launcher", timeout)
+                time.sleep(0.1)
+            print(f"labs.prefork: the warm server (pid {self.server.process.pid}) ended during the run; its log "
+                  f"ended:\n{self.server.log_tail()}", file=sys.stderr, flush=True)
+        self.close(int(self._said.split()[1]) if self._said.startswith(b"exit ") else -signal.SIGTERM)
+        return self.returncode
 
-_servers: dict[tuple, tuple[subprocess.Popen, socket.socket]] = {}
+    def close(self, returncode: int):
+        self.returncode = returncode
+        self.server.running -= 1
+        os.close(self._status)
+
+
+def _readable(fd: int, timeout) -> bool:
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(None if timeout is None else timeout * 1000))
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+_servers: dict[tuple, Server] = {}
 _lock = threading.Lock()
 
 
 def start(command: list[str], env: dict) -> Launch:
-    """Start `command` (python -m labs.fork_launcher ARGS) forked from this process's warm server for `env`."""
+    """Start `command` (python -m labs.fork_launcher ARGS) forked from this process's warm server for `env`. An
+    interrupt while it starts stops the launcher, if the server started one, before it goes on."""
     assert command[1:3] == LAUNCHER, command
+    request = json.dumps({"argv": command[3:], "env": env, "cwd": os.getcwd()}).encode()
     out_read, out_write = os.pipe()
     status_read, status_write = os.pipe()
-    request = json.dumps({"argv": command[3:], "env": env, "cwd": os.getcwd()}).encode()
-    with _lock:
-        control = _server(env)
-        fds = array.array("i", [out_write, status_write])
-        control.sendmsg([request], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
-    os.close(out_write)
-    os.close(status_write)
-    line = b""
-    while not line.endswith(b"\n") and (chunk := os.read(status_read, 1)):
-        line += chunk
-    if not line.startswith(b"pid "):
-        os.close(status_read)
-        os.close(out_read)
-        raise RuntimeError(f"labs.prefork: the warm server did not start the launcher ({line!r})")
-    return Launch(int(line.split()[1]), os.fdopen(out_read, "rb"), status_read)
+    unsent, launch = [out_write, status_write], None
+    try:
+        with _lock:
+            server = _server(env)
+            server.control.sendmsg([request], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", unsent))])
+            launch = Launch(server, os.fdopen(out_read, "rb"), status_read)
+        for fd in unsent:      # the server has its copies: ours would keep the pipes open if it died
+            os.close(fd)
+        unsent = []
+        launch.read_pid()
+        return launch
+    except BaseException:
+        for fd in unsent + ([] if launch is not None else [out_read, status_read]):
+            os.close(fd)
+        if launch is not None:
+            with _signals_ignored():
+                if launch.pid is None:
+                    with contextlib.suppress(Exception):
+                        launch.read_pid()          # the server answers at once: learn the pid to stop it
+                if launch.pid is not None:
+                    supervisor.stop(launch)
+                elif launch.returncode is None:
+                    launch.close(-signal.SIGTERM)
+            launch.stdout.close()
+        raise
+
+
+@contextlib.contextmanager
+def _signals_ignored():
+    """SIGINT, SIGTERM and SIGHUP ignored while a half-started launch is cleaned up (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _key(env: dict) -> tuple:
-    return tuple(sorted((k, v) for k, v in env.items() if k not in THREAD_VARIABLES))
+    """What a server's environment must match: every variable but the per-run ones."""
+    return tuple(sorted((name, value) for name, value in env.items()
+                        if name not in PER_RUN_VARIABLES and not name.startswith(PER_RUN_PREFIX)))
 
 
-def _server(env: dict) -> socket.socket:
+def _server(env: dict) -> Server:
     key = _key(env)
-    if key in _servers and _servers[key][0].poll() is None:
-        return _servers[key][1]
-    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    log = tempfile.TemporaryFile()
-    # stdin: the pipe whose end this process holds until it exits; a session of its own: a Ctrl-C in a terminal
-    # reaches labs, which stops its runs, not the server
-    server = subprocess.Popen([sys.executable, "-m", "labs.prefork", str(theirs.fileno())], env=env,
-                              stdin=subprocess.PIPE, stdout=log, stderr=log, pass_fds=[theirs.fileno()],
-                              start_new_session=True)
-    theirs.close()
-    mine.settimeout(START_TIMEOUT_S)
-    try:
-        ready = mine.recv(64)
-    except OSError:
-        ready = b""
-    except BaseException:
-        server.kill()
-        raise
-    if ready != READY:
-        server.kill()
-        server.wait()
-        log.seek(0)
-        raise RuntimeError(f"labs.prefork: the warm server failed to start:\n{log.read().decode(errors='replace')}")
-    mine.settimeout(None)
-    _servers[key] = (server, mine)
-    return mine
-
-
-# ------------------------------------------------------------------------------------------------ the server
-def serve(control: socket.socket):
-    wake_read, wake_write = os.pipe()
-    os.set_blocking(wake_write, False)
-    signal.set_wakeup_fd(wake_write)
-    signal.signal(signal.SIGCHLD, lambda *_: None)      # only to wake the loop: children are reaped below
-    control.send(READY)
-    status = {}                                         # launcher pid -> write end of its status pipe
-    while True:
-        ready = select.select([sys.stdin.fileno(), control, wake_read], [], [])[0]
-        if wake_read in ready:
-            os.read(wake_read, 4096)
-            _reap(status)
-        if control in ready:
-            message, fds, _, _ = control.recvmsg(1 << 20, socket.CMSG_SPACE(2 * array.array("i").itemsize))
-            if not message:
-                break
-            out_write, status_write = _fds(fds)
-            pid = os.fork()
-            if pid == 0:
-                _launcher(json.loads(message), out_write)
-            os.close(out_write)
-            os.write(status_write, f"pid {pid}\n".encode())
-            status[pid] = status_write
-        if sys.stdin.fileno() in ready and not os.read(sys.stdin.fileno(), 4096):
-            break           # the labs process that started this server is gone; our launchers follow (parent death)
-
-
-def _fds(ancillary) -> tuple[int, int]:
-    fds = array.array("i")
-    for _, _, data in ancillary:
-        fds.frombytes(data[:len(data) - len(data) % fds.itemsize])
-    return fds[0], fds[1]
-
-
-def _reap(status: dict):
-    while True:
-        try:
-            pid, code = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-        if pid in status:
-            fd = status.pop(pid)
-            os.write(fd, f"exit {os.waitstatus_to_exitcode(code)}\n".encode())
-            os.close(fd)
-
-
-def _launcher(request: dict, out_write: int):
-    """The forked child: become the run's launcher (as labs.supervisor's exec would), then run labs.fork_launcher."""
-    code = 1
-    try:
-        os.setsid()
-        server = os.getppid()
-        supervisor.die_with_parent(signal.SIGTERM)
-        if os.getppid() != server:
-            os._exit(1)
-        signal.set_wakeup_fd(-1)
-        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
-            signal.signal(sig, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        devnull = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(devnull, 0)
-        os.dup2(out_write, 1)
-        os.dup2(out_write, 2)
-        os.closerange(3, os.sysconf("SC_OPEN_MAX"))
-        os.environ.clear()
-        os.environ.update(request["env"])
-        os.chdir(request["cwd"])
-        for name in [m for m in sys.modules if m == "labs" or m.startswith("labs.")]:
-            del sys.modules[name]
-        launcher = importlib.import_module("labs.fork_launcher")
-        sys.argv = [launcher.__file__, *request["argv"]]        # as `python -m labs.fork_launcher` has it
-        code = launcher.main(request["argv"])
-    except SystemExit as stop:
-        code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
-    except BaseException:
-        traceback.print_exc()
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code or 0)
-
-
-def preload():
-    """The third-party modules a CPU launcher and its ranks import (labs.fork_launcher's list)."""
-    import deepspeed.runtime.engine  # noqa: F401
-    import deepspeed.runtime.zero.stage3  # noqa: F401
-    import deepspeed.runtime.zero.stage_1_and_2  # noqa: F401
-    import torch.distributed.run  # noqa: F401
-    from transformers.models.qwen2 import modeling_qwen2  # noqa: F401
-
-
-if __name__ == "__main__":
-    import gc
-
-    gc.disable()
-    preload()
-    gc.freeze()
-    serve(socket.socket(fileno=int(sys.argv[1])))
+    if key in _servers and _servers[key].process.poll() is None:
+        return _servers[key]
+    for other in [k for k, s in _servers.items() if s.running == 0 or s.process.poll() is not None]:
+        _servers.pop(other).retire()                # at most one idle server per labs process
+    _servers[key] = Server(env)
+    return _servers[key]

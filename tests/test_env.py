@@ -82,11 +82,11 @@ def test_cpu_info_is_measured_once_per_machine_and_then_read(tmp_path, monkeypat
 
 
 def test_deepspeeds_cpu_accelerator_counts_the_ranks_per_node_without_numactl(monkeypatch):
-    """The ranks get LOCAL_SIZE (ranks per node), as DeepSpeed's own launcher sets it; a user's own is kept. With it,
+    """The ranks get LOCAL_SIZE (ranks per node), as DeepSpeed's own launcher sets it, over an inherited one. With it,
     DeepSpeed's CPU accelerator counts its devices without running `numactl --hardware`, which ZeRO-3 asks at every
     gradient reduction (labs.env)."""
     assert env.repaired_environment(2, cpu_offload=False, base={})[0]["LOCAL_SIZE"] == "2"
-    assert env.repaired_environment(4, cpu_offload=False, base={"LOCAL_SIZE": "8"})[0]["LOCAL_SIZE"] == "8"
+    assert env.repaired_environment(4, cpu_offload=False, base={"LOCAL_SIZE": "8"})[0]["LOCAL_SIZE"] == "4"
     from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
 
     def no_numactl(*args, **kwargs):

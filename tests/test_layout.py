@@ -9,8 +9,8 @@ LABS = Path(__file__).resolve().parent.parent / "labs"
 # Bottom to top. A module may import its own layer's modules or any layer below, never one above.
 LAYERS = [
     ("core", ["labs", "labs.errors", "labs.table", "labs.env", "labs.config", "labs.models", "labs.resolve",
-              "labs.data", "labs.metrics", "labs.runfolder", "labs.supervisor", "labs.prefork", "labs.multinode",
-              "labs.rendezvous", "labs.peers",
+              "labs.data", "labs.metrics", "labs.runfolder", "labs.supervisor", "labs.prefork_server", "labs.prefork",
+              "labs.multinode", "labs.rendezvous", "labs.peers",
               "labs.network", "labs.checkpoint", "labs.cpu_matmul", "labs.fsdp", "labs.zenflow_layout", "labs.zenflow_host",
               "labs.zenflow_columns", "labs.zenflow_moments", "labs.card_cap", "labs.offload_copy",
               "labs.train"]),

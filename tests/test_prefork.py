@@ -1,12 +1,14 @@
 """labs.prefork: launchers forked from one warm server per labs process, each looking to labs like a new interpreter
-(its output, exit code or signal, environment, working folder and process group), the server shared by runs whose
-environments differ only in the variables a rank reads itself. The real runs through it are every CPU run of the
-course; test_run_control.py stops them with Ctrl-C, SIGTERM, SIGKILL and a dead rank."""
+(its output, exit code or signal, environment, working folder, process group and file descriptors), the server shared
+by runs whose environments differ only in per-run variables, and every launcher stopped when its server dies. The
+real runs through it are every CPU run of the course; test_run_control.py stops them with Ctrl-C, SIGTERM, SIGKILL
+and a dead rank, and finds no process of theirs left, the server included."""
 import os
 import signal
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -26,42 +28,81 @@ def _launch(args, env):
     return process, process.stdout.read().decode(), process.wait(timeout=120)
 
 
+def _waiting_launcher(env):
+    """Node 0 of two, waiting for a node 1 that never comes: a launcher that stays until it is stopped."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    return prefork.start([sys.executable, *prefork.LAUNCHER, "--nnodes=2", "--node-rank=0", "--nproc-per-node=1",
+                          "--rdzv-backend=static", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-conf=timeout=120",
+                          "-m", "labs.rank", "unused"], env)
+
+
 def test_a_launcher_gets_the_runs_output_pipe_exit_code_and_environment():
     # torchrun's own parser, in the forked launcher: an unknown option is exit code 2 and its message on stderr
     _, output, code = _launch(["--no-such-option", "-m", "labs.rank", "unused"], _environment())
     assert code == 2 and "fork_launcher.py: error: unrecognized arguments: --no-such-option" in output, output
-    # torchrun reads an option's default from PET_<OPTION>: this run's environment, not the server's
-    _, output, code = _launch(["--standalone", "-m", "labs.rank", "unused"], _environment(PET_NPROC_PER_NODE="bogus"))
-    assert code == 1 and "ValueError: Unsupported nproc_per_node value: bogus" in output, output
+    server = prefork._servers[prefork._key(_environment())]
+    # torchrun warns when OMP_NUM_THREADS is unset for several ranks. The server runs with OMP_NUM_THREADS=1, so the
+    # warning shows that the launcher reads the run's environment (the same server serves it: a per-run variable)
+    without = {k: v for k, v in _environment().items() if k != "OMP_NUM_THREADS"}
+    _, output, code = _launch(["--standalone", "--nproc_per_node=2", "-m", "labs.rank", "unused"], without)
+    assert prefork._servers[prefork._key(without)] is server
+    assert code == 1 and "Setting OMP_NUM_THREADS environment variable for each process to be 1" in output, output
+    _, output, _ = _launch(["--standalone", "--nproc_per_node=2", "-m", "labs.rank", "unused"], _environment())
+    assert "Setting OMP_NUM_THREADS" not in output
 
 
-def test_one_server_serves_runs_that_differ_only_in_thread_variables():
+def test_one_idle_server_at_a_time_serves_runs_that_differ_only_in_per_run_variables():
     env = _environment()
     _launch(["--no-such-option"], env)
-    servers = dict(prefork._servers)
-    _launch(["--no-such-option"], dict(env, OMP_NUM_THREADS="7", LOCAL_SIZE="3"))
-    assert prefork._servers == servers                     # the same server
-    _launch(["--no-such-option"], dict(env, LABS_PREFORK_PROBE="other"))
-    assert len(prefork._servers) == len(servers) + 1       # a variable read at start-up: a server of its own
+    server = prefork._servers[prefork._key(env)]
+    _launch(["--no-such-option"], dict(env, OMP_NUM_THREADS="7", LOCAL_SIZE="3", PYTEST_CURRENT_TEST="another",
+                                       LABS_TEST_KILL="rank0:save"))
+    assert list(prefork._servers.values()) == [server]
+    other = dict(env, PYTHONWARNINGS="ignore")        # read when an interpreter starts: a server of its own
+    _launch(["--no-such-option"], other)
+    assert list(prefork._servers) == [prefork._key(other)]
+    assert server.process.wait(timeout=30) == 0       # the idle one was retired
 
 
-def test_a_launcher_has_its_own_group_and_the_runs_folder_and_a_kill_reads_as_popen_would(tmp_path, monkeypatch):
+def _links(pid: int) -> dict[int, str]:
+    return {int(fd): os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
+
+
+def test_a_launcher_has_its_own_group_folder_and_descriptors_and_a_kill_reads_as_popen_would(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    # node 0 of two, waiting for a node 1 that never comes: a launcher that stays until it is killed
-    process = prefork.start([sys.executable, *prefork.LAUNCHER, "--nnodes=2", "--node-rank=0", "--nproc-per-node=1",
-                             "--rdzv-backend=static", f"--rdzv-endpoint=127.0.0.1:{_free_port()}",
-                             "--rdzv-conf=timeout=120", "-m", "labs.rank", "unused"], _environment())
+    first = _waiting_launcher(_environment())
+    process = _waiting_launcher(_environment())         # forked while the first one runs, from the same server
+    server = prefork._servers[prefork._key(_environment())].process.pid
     with pytest.raises(subprocess.TimeoutExpired):
         process.wait(timeout=0.5)
     assert process.poll() is None
     assert os.readlink(f"/proc/{process.pid}/cwd") == str(tmp_path)
     assert os.getpgid(process.pid) == process.pid != os.getpgid(0)
-    os.killpg(process.pid, signal.SIGKILL)
-    assert process.wait(timeout=60) == -signal.SIGKILL
-    assert process.poll() == -signal.SIGKILL
+    fds = _links(process.pid)
+    assert fds[0] == os.devnull and fds[1] == fds[2] == f"pipe:[{os.fstat(process.stdout.fileno()).st_ino}]"
+    # nothing of the server's (its stdin from labs, its log, its socket to labs, the first run's status pipe) and
+    # nothing of the first run's output pipe
+    theirs = {link for fd, link in _links(server).items() if fd > 0} | {
+        f"pipe:[{os.fstat(first.stdout.fileno()).st_ino}]", _links(server)[0]}
+    assert not theirs & set(fds.values()), (fds, theirs)
+    for launch in (first, process):
+        os.killpg(launch.pid, signal.SIGKILL)
+        assert launch.wait(timeout=60) == -signal.SIGKILL
+        assert launch.poll() == -signal.SIGKILL
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+def test_when_the_server_dies_its_launchers_stop_and_labs_is_told(capfd):
+    env = _environment(LABS_PREFORK_TEST="server death")
+    process = _waiting_launcher(env)
+    server = prefork._servers[prefork._key(env)]
+    server.process.kill()
+    assert process.wait(timeout=60) == -signal.SIGTERM     # what the launcher took: its parent-death signal
+    deadline = time.time() + 10
+    while os.path.exists(f"/proc/{process.pid}") and time.time() < deadline:
+        time.sleep(0.1)
+    assert not os.path.exists(f"/proc/{process.pid}")
+    assert f"the warm server (pid {server.process.pid}) ended during the run" in capfd.readouterr().err
+    _launch(["--no-such-option"], env)                     # the next run gets a new server
+    assert prefork._servers[prefork._key(env)] is not server
