@@ -71,6 +71,7 @@ class Server:
                     return
             raise RuntimeError(f"labs.prefork: the warm server failed to start:\n{self.log_tail()}")
         except BaseException:
+            self.process.kill()
             self.retire()
             raise
 
@@ -133,7 +134,8 @@ class Launch:
 
     def close(self, returncode: int):
         self.returncode = returncode
-        self.server.running -= 1
+        with _lock:
+            self.server.running -= 1
         os.close(self._status)
 
 
@@ -144,11 +146,11 @@ def _readable(fd: int, timeout) -> bool:
 
 
 def _exists(pid: int) -> bool:
+    """Whether `pid` still runs: not a zombie that no init reaps (a container without one), not gone."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return open(f"/proc/{pid}/stat").read().rpartition(")")[2].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
         return False
-    return True
 
 
 _servers: dict[tuple, Server] = {}
@@ -162,31 +164,34 @@ def start(command: list[str], env: dict) -> Launch:
     request = json.dumps({"argv": command[3:], "env": env, "cwd": os.getcwd()}).encode()
     out_read, out_write = os.pipe()
     status_read, status_write = os.pipe()
-    unsent, launch = [out_write, status_write], None
+    ours, launch = [out_write, status_write, out_read, status_read], None
     try:
         with _lock:
             server = _server(env)
-            server.control.sendmsg([request], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", unsent))])
             launch = Launch(server, os.fdopen(out_read, "rb"), status_read)
-        for fd in unsent:      # the server has its copies: ours would keep the pipes open if it died
-            os.close(fd)
-        unsent = []
+            del ours[2:]                # the read ends are the launch's now
+            server.control.sendmsg([request], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", ours))])
+        _close(ours)                    # the server has its copies: ours would keep the pipes open if it died
         launch.read_pid()
         return launch
     except BaseException:
-        for fd in unsent + ([] if launch is not None else [out_read, status_read]):
-            os.close(fd)
+        _close(ours)
         if launch is not None:
             with _signals_ignored():
                 if launch.pid is None:
                     with contextlib.suppress(Exception):
-                        launch.read_pid()          # the server answers at once: learn the pid to stop it
+                        launch.read_pid()          # the server answers at once (EOF if it never got the request)
                 if launch.pid is not None:
                     supervisor.stop(launch)
                 elif launch.returncode is None:
                     launch.close(-signal.SIGTERM)
             launch.stdout.close()
         raise
+
+
+def _close(fds: list[int]):
+    while fds:
+        os.close(fds.pop())
 
 
 @contextlib.contextmanager

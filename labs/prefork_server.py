@@ -42,7 +42,12 @@ def serve(control: socket.socket):
             message, ancillary, _, _ = control.recvmsg(1 << 20, socket.CMSG_SPACE(2 * array.array("i").itemsize))
             if not message:
                 return      # labs closed the socket: it retired this server, or it is gone
-            _fork_launcher(json.loads(message), _fds(ancillary), status_fds)
+            fds = _fds(ancillary)
+            if len(fds) == 2:
+                _fork_launcher(json.loads(message), fds, status_fds)
+            else:               # not a request labs.prefork sends (it sends two): fail it, keep serving
+                for fd in fds:
+                    os.close(fd)
         if sys.stdin.fileno() in ready and not os.read(sys.stdin.fileno(), 4096):
             return          # the labs process that started this server is gone; our launchers follow (parent death)
 
@@ -50,6 +55,7 @@ def serve(control: socket.socket):
 def _fork_launcher(request: dict, fds: list[int], status_fds: dict):
     """Fork the launcher of one request; an error here fails that run (its status pipe says why), not the server."""
     out_write, status_write = fds
+    pid = None
     try:
         server = os.getpid()
         pid = os.fork()
@@ -58,6 +64,8 @@ def _fork_launcher(request: dict, fds: list[int], status_fds: dict):
         os.write(status_write, f"pid {pid}\n".encode())
         status_fds[pid] = status_write
     except OSError as error:
+        if pid:                 # forked, but labs can no longer hear of it (it closed its end): nobody would stop it
+            os.kill(pid, signal.SIGKILL)
         with contextlib.suppress(OSError):
             os.write(status_write, f"error {error}\n".encode())
         os.close(status_write)

@@ -69,7 +69,9 @@ def _start(command: list[str], env: dict) -> subprocess.Popen:
 
 def stop(process: subprocess.Popen):
     """SIGTERM to the launcher's session, then SIGKILL to what is left after the grace period (the ranks die with
-    the launcher: their parent-death signal)."""
+    the launcher: their parent-death signal). Nothing to a launcher that already exited: its pid may be another's."""
+    if process.poll() is not None:
+        return
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGTERM)
     try:

@@ -106,3 +106,36 @@ def test_when_the_server_dies_its_launchers_stop_and_labs_is_told(capfd):
     assert f"the warm server (pid {server.process.pid}) ended during the run" in capfd.readouterr().err
     _launch(["--no-such-option"], env)                     # the next run gets a new server
     assert prefork._servers[prefork._key(env)] is not server
+
+
+def _gone(pid: int, within_s: float) -> bool:
+    deadline = time.time() + within_s
+    while prefork._exists(pid) and time.time() < deadline:
+        time.sleep(0.1)
+    return not prefork._exists(pid)
+
+
+def test_an_interrupt_while_a_launcher_starts_stops_it(monkeypatch):
+    """Ctrl-C after the server was asked but before labs heard the launcher's pid: labs learns it and stops it."""
+    pids, read_pid = [], prefork.Launch.read_pid
+
+    def interrupted(launch):
+        if not pids:
+            pids.append(None)
+            raise KeyboardInterrupt
+        read_pid(launch)
+        pids.append(launch.pid)
+    monkeypatch.setattr(prefork.Launch, "read_pid", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        _waiting_launcher(_environment())
+    assert pids[1] is not None and _gone(pids[1], 15)
+    assert all(server.running == 0 for server in prefork._servers.values())
+
+
+def test_a_server_with_a_running_launcher_is_not_retired():
+    busy = _waiting_launcher(_environment())
+    server = prefork._servers[prefork._key(_environment())]
+    _launch(["--no-such-option"], _environment(PYTHONWARNINGS="ignore"))      # another server
+    assert server.process.poll() is None and busy.poll() is None
+    os.killpg(busy.pid, signal.SIGKILL)
+    assert busy.wait(timeout=60) == -signal.SIGKILL

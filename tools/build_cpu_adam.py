@@ -7,8 +7,13 @@ takes the core pip leaves idle while the rest of the course's packages install. 
 then loads this build, since the sources and flags are the same. On a GPU host DeepSpeed's CUDA accelerator builds
 its own variant on first use: nothing is built here."""
 import os
+import signal
+import sys
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
+# Stopped (make's time limit), exit through Python's finally blocks: torch's build removes its lock file there, which
+# a build killed outright leaves behind for every later load to wait on forever.
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
 import torch  # noqa: E402
 
