@@ -177,7 +177,8 @@ def start(command: list[str], env: dict) -> Launch:
     except BaseException:
         _close(ours)
         if launch is not None:
-            with _signals_ignored():
+            # ignored while the half-started launch is cleaned up (main thread only)
+            with supervisor.signals_handled((signal.SIGINT, signal.SIGTERM, signal.SIGHUP), signal.SIG_IGN):
                 if launch.pid is None:
                     with contextlib.suppress(Exception):
                         launch.read_pid()          # the server answers at once (EOF if it never got the request)
@@ -192,20 +193,6 @@ def start(command: list[str], env: dict) -> Launch:
 def _close(fds: list[int]):
     while fds:
         os.close(fds.pop())
-
-
-@contextlib.contextmanager
-def _signals_ignored():
-    """SIGINT, SIGTERM and SIGHUP ignored while a half-started launch is cleaned up (main thread only)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 def _key(env: dict) -> tuple:

@@ -88,12 +88,20 @@ def _signals_raise():
     def handler(signum, frame):
         raise RunStopped(signum)
 
+    with signals_handled((signal.SIGTERM, signal.SIGHUP), handler):
+        yield
+
+
+@contextlib.contextmanager
+def signals_handled(signals, handler):
+    """`handler` for each of `signals` inside the block, the previous handlers after it; in the main thread only (no
+    other thread may set one: elsewhere the block runs as it is)."""
     import threading
 
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    previous = {sig: signal.signal(sig, handler) for sig in signals}
     try:
         yield
     finally:

@@ -5,7 +5,6 @@ real runs through it are every CPU run of the course; test_run_control.py stops 
 and a dead rank, and finds no process of theirs left, the server included."""
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ import pytest
 
 from labs import env as env_lib
 from labs import prefork
+from labs.course.multinode import free_port
 
 
 def _environment(**extra) -> dict:
@@ -30,12 +30,9 @@ def _launch(args, env):
 
 def _waiting_launcher(env):
     """Node 0 of two, waiting for a node 1 that never comes: a launcher that stays until it is stopped."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
     return prefork.start([sys.executable, *prefork.LAUNCHER, "--nnodes=2", "--node-rank=0", "--nproc-per-node=1",
-                          "--rdzv-backend=static", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-conf=timeout=120",
-                          "-m", "labs.rank", "unused"], env)
+                          "--rdzv-backend=static", f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+                          "--rdzv-conf=timeout=120", "-m", "labs.rank", "unused"], env)
 
 
 def test_a_launcher_gets_the_runs_output_pipe_exit_code_and_environment():

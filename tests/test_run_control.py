@@ -11,6 +11,8 @@ import pytest
 
 from conftest import ROOT, interruptible
 
+from labs import prefork
+
 STOP_WITHIN_S = 15
 
 
@@ -33,15 +35,8 @@ def _descendants(pid: int) -> list[int]:
 
 
 def _alive(pids) -> list[int]:
-    """Those of `pids` that still exist and are not zombies."""
-    left = []
-    for pid in pids:
-        try:
-            if open(f"/proc/{pid}/stat").read().rpartition(")")[2].split()[0] != "Z":
-                left.append(pid)
-        except OSError:
-            continue
-    return left
+    """Those of `pids` that still run (zombies excluded: labs.prefork._exists)."""
+    return [pid for pid in pids if prefork._exists(pid)]
 
 
 def _rank_pid(processes, rank: int) -> int:
