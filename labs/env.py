@@ -63,6 +63,9 @@ def repaired_environment(nproc: int, cpu_offload: bool, base: dict | None = None
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.setdefault("PYTHONWARNINGS", "ignore::FutureWarning")   # DeepSpeed calls deprecated torch.distributed APIs
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # What importing DeepSpeed sets in every rank (a CUDA check that creates no CUDA context): set here too, so a run's
+    # environment is the same whether or not this process imported DeepSpeed before (labs.prefork compares them).
+    env.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     return env, changes
 
 
@@ -73,8 +76,10 @@ CPU_ONLY = {"CUDA_VISIBLE_DEVICES": "", "DS_ACCELERATOR": "cpu"}
 
 def importable_path(env: dict) -> str:
     """PYTHONPATH for the processes labs starts: this checkout's labs first, then what `env` had (on a GPU host
-    that may be where DeepSpeed was installed), so they import the same labs whatever their working directory."""
-    return os.pathsep.join([str(ROOT), *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]])
+    that may be where DeepSpeed was installed), so they import the same labs whatever their working directory. Each
+    folder once: a run started from a process that had this PYTHONPATH already gets the same one (labs.prefork
+    matches environments)."""
+    return os.pathsep.join(dict.fromkeys([str(ROOT), *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]]))
 
 
 def usable_cores() -> int:

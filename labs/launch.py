@@ -154,10 +154,7 @@ def run(stream=True, **kwargs) -> Run:
     nodes = kwargs.get("nodes")
     cpu_offload = config_lib.offloads(resolved)["optimizer"] == "cpu"
     with runfolder.claim(out) as work, contextlib.ExitStack() as cached:
-        env, repairs = env_lib.repaired_environment(spec["nproc"], cpu_offload)
-        env["PYTHONPATH"] = env_lib.importable_path(env)
-        if spec.get("device") == "cpu":     # CPU ranks on a GPU host: they must not see the GPUs
-            env.update(env_lib.CPU_ONLY)
+        env, repairs = rank_environment(spec["nproc"], cpu_offload, cpu_only=spec.get("device") == "cpu")
         reuse = runcache.key(spec, resolved, env)          # only under `make test` (LABS_RUN_CACHE)
         started = time.perf_counter()
         cached.enter_context(runcache.held(reuse))         # until stored: the same run launched meanwhile waits
@@ -219,6 +216,22 @@ def run(stream=True, **kwargs) -> Run:
         runcache.store(reuse, out)
         runcache.note(reuse, spec, False, time.perf_counter() - started)
     return Run(out)
+
+
+def rank_environment(nproc: int, cpu_offload: bool, cpu_only: bool) -> tuple[dict, list[str]]:
+    """The environment of a run's launcher and ranks (labs.env's repairs), and the repairs made."""
+    env, repairs = env_lib.repaired_environment(nproc, cpu_offload)
+    env["PYTHONPATH"] = env_lib.importable_path(env)
+    if cpu_only:                        # CPU ranks on a GPU host: they must not see the GPUs
+        env.update(env_lib.CPU_ONLY)
+    return env, repairs
+
+
+def warm_for_children():
+    """On a host without a GPU, start this process's warm server (labs.prefork) now, for the CPU runs of the labs
+    processes it starts (a test's `labs train`): they fork their launchers from it instead of importing afresh."""
+    if not torch.cuda.is_available():
+        prefork.warm(rank_environment(2, False, cpu_only=True)[0])
 
 
 def launcher_command(nproc: int, run_dir: Path, nodes=None, cpu: bool = False) -> list[str]:

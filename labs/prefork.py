@@ -21,17 +21,26 @@ started with the first run's environment: variables read when an interpreter sta
 GLIBC_TUNABLES, DS_ACCELERATOR, ...) are fixed from then on, so a run whose environment differs in any other than
 the per-run ones below gets a server of its own, and an idle one is retired.
 
+That process's children use its server too (SERVER_ENV names it, with a digest of its environment): a test's or a
+notebook cell's `labs train` then starts warm, as its parent's runs do, where it would pay the imports again (about
+35 such launches in `make test`). A child's launcher gets SIGTERM from the server when that child exits, however it
+ended, as its own server's launchers get it at that server's death. A child whose runs' environment differs (or
+whose parent's server is gone) starts its own.
+
 This module is labs' side; labs.prefork_server is the server's (and says how the two talk).
 """
 from __future__ import annotations
 
 import array
 import contextlib
+import hashlib
 import json
 import os
+import secrets
 import select
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -46,6 +55,7 @@ from labs import prefork_server, supervisor
 # settings (labs' modules are imported afresh after the fork).
 PER_RUN_VARIABLES = ("OMP_NUM_THREADS", "LOCAL_SIZE", "PYTEST_CURRENT_TEST")
 PER_RUN_PREFIX = "LABS_"
+SERVER_ENV = "LABS_PREFORK_SERVER"      # "NAME:DIGEST ...": the servers this process uses, for its children
 LAUNCHER = ["-m", "labs.fork_launcher"]
 START_TIMEOUT_S = 300       # the imports take 5-8 s on a 2-core VM; far more on a loaded host
 
@@ -57,11 +67,13 @@ class Server:
     def __init__(self, env: dict):
         self.control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.log, self.running = tempfile.TemporaryFile(), 0
+        self.name = f"labs-prefork-{os.getpid()}-{secrets.token_hex(8)}"     # its socket for this process's children
         # stdin: the pipe whose end this process holds until it exits; a session of its own: a Ctrl-C in a terminal
         # reaches labs, which stops its runs, not the server
-        self.process = subprocess.Popen([sys.executable, "-m", "labs.prefork_server", str(theirs.fileno())],
+        self.process = subprocess.Popen([sys.executable, "-m", "labs.prefork_server", str(theirs.fileno()), self.name],
                                         env=dict(env, OMP_NUM_THREADS="1"), stdin=subprocess.PIPE, stdout=self.log,
                                         stderr=self.log, pass_fds=[theirs.fileno()], start_new_session=True)
+        self.pid = self.process.pid
         theirs.close()
         try:
             self.control.settimeout(START_TIMEOUT_S)
@@ -79,6 +91,9 @@ class Server:
         self.log.seek(0)
         return self.log.read()[-4000:].decode(errors="replace")
 
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
     def retire(self):
         """Close its stdin and socket: the server exits (its launchers, if any, take SIGTERM)."""
         self.control.close()
@@ -88,6 +103,29 @@ class Server:
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait()
+
+
+class ParentServer:
+    """The server of the labs process that started this one, as Server is used: a connection to it."""
+
+    def __init__(self, name: str):
+        self.name, self.control, self.running = name, socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET), 0
+        try:
+            self.control.connect("\0" + name)
+        except OSError:
+            self.control.close()
+            raise
+        self.pid = struct.unpack("3i", self.control.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                                 struct.calcsize("3i")))[0]
+
+    def log_tail(self) -> str:
+        return "(its log is kept by the labs process that started it)"
+
+    def alive(self) -> bool:
+        return not _readable(self.control.fileno(), 0)      # a live server never writes to it: EOF if it is gone
+
+    def retire(self):
+        self.control.close()
 
 
 class Launch:
@@ -127,7 +165,7 @@ class Launch:
                 if deadline is not None and time.monotonic() > deadline:
                     raise subprocess.TimeoutExpired("labs.fork_launcher", timeout)
                 time.sleep(0.1)
-            print(f"labs.prefork: the warm server (pid {self.server.process.pid}) ended during the run; its log "
+            print(f"labs.prefork: the warm server (pid {self.server.pid}) ended during the run; its log "
                   f"ended:\n{self.server.log_tail()}", file=sys.stderr, flush=True)
         self.close(int(self._said.split()[1]) if self._said.startswith(b"exit ") else -signal.SIGTERM)
         return self.returncode
@@ -161,6 +199,7 @@ def start(command: list[str], env: dict) -> Launch:
     """Start `command` (python -m labs.fork_launcher ARGS) forked from this process's warm server for `env`. An
     interrupt while it starts stops the launcher, if the server started one, before it goes on."""
     assert command[1:3] == LAUNCHER, command
+    env = {name: value for name, value in env.items() if name != SERVER_ENV}        # the ranks start no runs
     request = json.dumps({"argv": command[3:], "env": env, "cwd": os.getcwd()}).encode()
     out_read, out_write = os.pipe()
     status_read, status_write = os.pipe()
@@ -190,6 +229,12 @@ def start(command: list[str], env: dict) -> Launch:
         raise
 
 
+def warm(env: dict):
+    """Start the server for runs with environment `env` now, if this process has none (for its children)."""
+    with _lock:
+        _server(env)
+
+
 def _close(fds: list[int]):
     while fds:
         os.close(fds.pop())
@@ -201,11 +246,23 @@ def _key(env: dict) -> tuple:
                         if name not in PER_RUN_VARIABLES and not name.startswith(PER_RUN_PREFIX)))
 
 
-def _server(env: dict) -> Server:
+def _digest(key: tuple) -> str:
+    return hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]
+
+
+def _server(env: dict) -> Server | ParentServer:
     key = _key(env)
-    if key in _servers and _servers[key].process.poll() is None:
+    if key in _servers and _servers[key].alive():
         return _servers[key]
-    for other in [k for k, s in _servers.items() if s.running == 0 or s.process.poll() is not None]:
+    for other in [k for k, s in _servers.items() if s.running == 0 or not s.alive()]:
         _servers.pop(other).retire()                # at most one idle server per labs process
-    _servers[key] = Server(env)
+    offered = {}                                    # digest -> name: the servers this process's parent uses
+    for entry in os.environ.get(SERVER_ENV, "").split():
+        name, _, digest = entry.rpartition(":")
+        offered[digest] = name
+    try:
+        _servers[key] = ParentServer(offered[_digest(key)])
+    except (KeyError, OSError):                     # none for this environment, or gone: this process starts its own
+        _servers[key] = Server(env)
+    os.environ[SERVER_ENV] = " ".join(f"{server.name}:{_digest(k)}" for k, server in _servers.items())
     return _servers[key]

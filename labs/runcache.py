@@ -30,6 +30,8 @@ from pathlib import Path
 
 import torch
 
+from labs import prefork
+
 ENV = "LABS_RUN_CACHE"
 NOTE = "reused.json"       # in a copied run folder: which earlier folder it came from
 LEDGER = "launches.jsonl"  # in the cache folder: every launch of this `make test`, reused or trained
@@ -47,7 +49,8 @@ def key(spec: dict, resolved: dict, env: dict) -> str | None:
     """The cache key of a run, or None when there is no cache or the run reads something the key cannot cover."""
     if folder() is None or any(spec.get(k) for k in ("model_path", "data", "resume", "nodes", "save_every")):
         return None
-    ranks_env = {k: env.get(k) for k in sorted(env) if k in RANK_ENV or (k.startswith("LABS_") and k != ENV)}
+    ranks_env = {k: env.get(k) for k in sorted(env)
+                 if k in RANK_ENV or (k.startswith("LABS_") and k not in (ENV, prefork.SERVER_ENV))}
     inputs = dict(spec={k: v for k, v in spec.items() if k not in ("out", "config", "progress")}, resolved=resolved,
                   env=ranks_env, python=sys.version, torch=torch.__version__, labs=_source_digest(),
                   **{name: _version(name) for name in ("deepspeed", "transformers", "accelerate")})

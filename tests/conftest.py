@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from labs import launch, prefork
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -45,7 +47,9 @@ def interruptible(command: list[str]) -> list[str]:
 
 
 def run_labs(*args, cwd=None, timeout=600):
-    """`python -m labs ...` as a user would type it; returns the CompletedProcess."""
+    """`python -m labs ...` as a user would type it; returns the CompletedProcess. Its CPU runs fork their launchers
+    from this test process's warm server (labs.prefork), as a notebook's runs do from the kernel's."""
+    launch.warm_for_children()
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     return subprocess.run([sys.executable, "-m", "labs", *map(str, args)], capture_output=True, text=True,
                           cwd=cwd or ROOT, env=env, timeout=timeout)
@@ -71,6 +75,29 @@ def zero3_run(tmp_path_factory):
                       "--out", out, "--quiet")
     assert result.returncode == 0, result.stderr[-4000:]
     return out, result
+
+
+def descendants(pid: int) -> list[int]:
+    """The processes below `pid`, now (a CPU run's launcher and ranks show their warm server's command line, and a
+    forked rank its launcher's environment: descent tells them apart; labs.supervisor.name_process names a rank)."""
+    parents = {}
+    for child in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            parents[int(child)] = int(open(f"/proc/{child}/stat").read().rpartition(")")[2].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    found, todo = [], [pid]
+    while todo:
+        above = todo.pop()
+        below = [child for child, parent in parents.items() if parent == above]
+        found += below
+        todo += below
+    return found
+
+
+def still_running(pids) -> list[int]:
+    """Those of `pids` that still run (zombies excluded: labs.prefork._exists)."""
+    return [pid for pid in pids if prefork._exists(pid)]
 
 
 def processes_naming(text: str) -> dict[int, str]:

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from labs import multinode, network, rendezvous
+from labs import launch, multinode, network, prefork, rendezvous
 from labs.cli import main
 from labs.errors import LabsError
 from labs.instruments import comm
 from labs.instruments.environment import launcher_environment
 
-from conftest import ROOT, interruptible, run_labs
+from conftest import ROOT, descendants, interruptible, run_labs, still_running
 
 
 # ---------------------------------------------------------------------------------------------- flags
@@ -268,13 +268,21 @@ def test_deepspeeds_launcher_without_ssh_trains_the_same(two_nodes, tmp_path):
         == [("0", "0", "1"), ("1", "1", "1")]
 
 
-def _two_nodes_training(tmp_path):
-    """Two emulated nodes (one CPU rank each) launched as a user would, once node 0 has logged a step."""
+def _two_nodes_training(tmp_path, server="parent's"):
+    """Two emulated nodes (one CPU rank each) launched as a user would, once node 0 has logged a step; returns the
+    rendezvous port, the two labs processes, their logs, and every process started for them. server "parent's": they
+    fork their launchers from this test process's warm server (labs.prefork); "own": each starts its own, so each
+    node's processes descend from its labs process."""
     from labs.course import multinode as emulation
 
     port = emulation.free_port()
     commands = [emulation.train_command(tmp_path / "run", k, 2, port, 1, steps=500) for k in (0, 1)]
+    if server == "parent's":
+        launch.warm_for_children()
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    if server == "own":
+        env.pop(prefork.SERVER_ENV, None)
+    before = set(descendants(os.getpid()))
     logs = [tmp_path / f"node{k}.log" for k in (0, 1)]
     procs = [subprocess.Popen(interruptible([c for c in command if c != "--quiet"]), env=env, stdout=open(log, "w"),
                               stderr=subprocess.STDOUT) for command, log in zip(commands, logs)]
@@ -282,12 +290,17 @@ def _two_nodes_training(tmp_path):
     while "step " not in logs[0].read_text() and time.monotonic() < deadline:
         assert all(p.poll() is None for p in procs), logs[0].read_text()[-2000:]
         time.sleep(0.5)
-    return port, procs, logs
+    started = [pid for pid in descendants(os.getpid()) if pid not in before]
+    assert sum(open(f"/proc/{pid}/comm").read().startswith("labs rank") for pid in still_running(started)) == 2
+    return port, procs, logs, started
 
 
-def _nothing_left(tmp_path):
-    left = subprocess.run(["pgrep", "-f", f"labs.rank {tmp_path}"], capture_output=True, text=True).stdout.split()
-    assert not left and not (tmp_path / "run").exists() and not (tmp_path / "run.node1").exists()
+def _nothing_left(tmp_path, started):
+    deadline = time.monotonic() + 15
+    while still_running(started) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not still_running(started), [open(f"/proc/{pid}/comm").read() for pid in still_running(started)]
+    assert not (tmp_path / "run").exists() and not (tmp_path / "run.node1").exists()
 
 
 def test_a_stop_announced_in_the_rendezvous_store_stops_every_node(tmp_path):
@@ -295,42 +308,26 @@ def test_a_stop_announced_in_the_rendezvous_store_stops_every_node(tmp_path):
     nodes still train: every rank must stop within seconds, even one that gloo would leave waiting on a peer."""
     from labs import peers
 
-    port, procs, logs = _two_nodes_training(tmp_path)
+    port, procs, logs, started = _two_nodes_training(tmp_path)
     assert peers.announce("127.0.0.1", port, "announced by the test")
     codes = [p.wait(timeout=60) for p in procs]
     assert codes == [1, 1]
     for log in logs:
         assert "stops: another node's run stopped (announced by the test)" in log.read_text()
-    _nothing_left(tmp_path)
+    _nothing_left(tmp_path, started)
 
 
 @pytest.mark.parametrize("stopped", [1, 0])
 def test_sigint_on_one_node_stops_every_process_of_both(tmp_path, stopped):
     """Ctrl-C on node 1, or on node 0, which holds the rendezvous store: the other node stops too."""
     other = 1 - stopped
-    _, procs, logs = _two_nodes_training(tmp_path)
+    _, procs, logs, started = _two_nodes_training(tmp_path)
     procs[stopped].send_signal(signal.SIGINT)
     codes = [p.wait(timeout=60) for p in procs]
     assert codes[stopped] == 130 and codes[other] == 1
     assert "labs: interrupted" in logs[stopped].read_text()
     assert "several nodes: a rank elsewhere may have failed first" in logs[other].read_text()
-    _nothing_left(tmp_path)
-
-
-def _process_tree(pid: int) -> list[int]:
-    """`pid` and every process below it (from /proc's parent ids)."""
-    children = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()      # after the command name, which may hold spaces
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    tree, todo = [], [pid]
-    while todo:
-        tree.append(todo.pop())
-        todo += children.get(tree[-1], [])
-    return tree
+    _nothing_left(tmp_path, started)
 
 
 def test_a_silent_node_is_told_from_one_still_starting():
@@ -358,9 +355,9 @@ def test_a_node_killed_outright_stops_every_other_node(tmp_path, monkeypatch, ho
 
     timeout_s = 5
     monkeypatch.setenv(peers.TIMEOUT_ENV, str(timeout_s))
-    _, procs, logs = _two_nodes_training(tmp_path)
-    node1 = _process_tree(procs[1].pid)
-    assert len(node1) >= 3, node1                    # labs, torchrun, the rank
+    _, procs, logs, started = _two_nodes_training(tmp_path, server="own")
+    node1 = [procs[1].pid, *descendants(procs[1].pid)]
+    assert len(node1) >= 4, node1                    # labs, its warm server, the launcher, the rank
     try:
         for pid in node1:
             os.kill(pid, getattr(signal, how))
@@ -368,7 +365,7 @@ def test_a_node_killed_outright_stops_every_other_node(tmp_path, monkeypatch, ho
         code = procs[0].wait(timeout=timeout_s + 60)
         seconds = time.monotonic() - since
     finally:                                         # node 1 frozen, or a failed check: nothing may keep running
-        for pid in _process_tree(procs[0].pid) + node1:
+        for pid in still_running(started + node1):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
     assert procs[1].wait() == -signal.SIGKILL and code == 1
@@ -379,7 +376,7 @@ def test_a_node_killed_outright_stops_every_other_node(tmp_path, monkeypatch, ho
         assert silent in log, log[-3000:]
     else:       # on one machine the killed processes' connections close, and gloo may raise before the timeout
         assert silent in log or re.search(r"Connection (closed|reset) by peer", log), log[-3000:]
-    _nothing_left(tmp_path)
+    _nothing_left(tmp_path, started)
 
 
 def test_a_rank_whose_collective_broke_after_a_stop_was_announced_reports_the_stop(monkeypatch):

@@ -1,8 +1,10 @@
 """labs.prefork: launchers forked from one warm server per labs process, each looking to labs like a new interpreter
 (its output, exit code or signal, environment, working folder, process group and file descriptors), the server shared
-by runs whose environments differ only in per-run variables, and every launcher stopped when its server dies. The
-real runs through it are every CPU run of the course; test_run_control.py stops them with Ctrl-C, SIGTERM, SIGKILL
-and a dead rank, and finds no process of theirs left, the server included."""
+by runs whose environments differ only in per-run variables and by that process's children, and every launcher
+stopped when its server dies or its labs process exits. The real runs through it are every CPU run of the course;
+test_run_control.py stops them with Ctrl-C, SIGTERM, SIGKILL and a dead rank, and finds no process of theirs left,
+the server included."""
+import json
 import os
 import signal
 import subprocess
@@ -136,3 +138,56 @@ def test_a_server_with_a_running_launcher_is_not_retired():
     assert server.process.poll() is None and busy.poll() is None
     os.killpg(busy.pid, signal.SIGKILL)
     assert busy.wait(timeout=60) == -signal.SIGKILL
+
+
+def _child(tmp_path, env, user=None) -> subprocess.Popen:
+    """Another labs process, started by this one (as a test's or a notebook's `labs train` is): it asks for a waiting
+    launcher with `env` and prints what it got, then sleeps. `user`: it becomes that user before it asks (root only)."""
+    request = tmp_path / "request.json"
+    command = [sys.executable, *prefork.LAUNCHER, "--nnodes=2", "--node-rank=0", "--nproc-per-node=1",
+               "--rdzv-backend=static", f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--rdzv-conf=timeout=120",
+               "-m", "labs.rank", "unused"]
+    request.write_text(json.dumps({"command": command, "env": env}))
+    code = ("import json, os, sys, time\n"
+            "from labs import prefork\n"
+            "asked = json.load(open(sys.argv[1]))\n"
+            "if len(sys.argv) > 2: os.setgid(int(sys.argv[2])); os.setuid(int(sys.argv[2]))\n"
+            "try:\n"
+            "    launch = prefork.start(asked['command'], asked['env'])\n"
+            "    print(launch.pid, launch.server.pid, type(launch.server).__name__, flush=True)\n"
+            "except RuntimeError as error:\n"
+            "    print('refused', str(error).splitlines()[0], flush=True)\n"
+            "time.sleep(600)\n")
+    return subprocess.Popen([sys.executable, "-c", code, str(request), *([str(user)] if user is not None else [])],
+                            stdout=subprocess.PIPE, text=True)
+
+
+def test_a_child_forks_from_its_parents_server_and_its_launcher_stops_when_the_child_dies(tmp_path):
+    """Killed outright, the child leaves nobody to stop its launcher but the server, which sees it exit."""
+    env = _environment()
+    prefork.warm(env)
+    server = prefork._servers[prefork._key(env)]
+    assert f"{server.name}:{prefork._digest(prefork._key(env))}" in os.environ[prefork.SERVER_ENV].split()
+    child = _child(tmp_path, env)
+    try:
+        launcher, server_pid, kind = child.stdout.readline().split()
+        assert (int(server_pid), kind) == (server.pid, "ParentServer")
+        assert int(open(f"/proc/{launcher}/stat").read().rpartition(")")[2].split()[1]) == server.pid
+    finally:
+        child.kill()
+        child.wait()
+    assert _gone(int(launcher), 15), "the launcher outlived the labs process that asked for it"
+    assert server.alive()
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="becoming another user takes root")
+def test_another_users_process_gets_no_launcher_from_the_server(tmp_path):
+    env = _environment()
+    prefork.warm(env)
+    child = _child(tmp_path, env, user=65534)       # nobody, once it has imported labs
+    try:
+        said = child.stdout.readline()
+    finally:
+        child.kill()
+        child.wait()
+    assert said.startswith("refused labs.prefork: the warm server did not start the launcher"), said

@@ -9,34 +9,11 @@ import time
 
 import pytest
 
-from conftest import ROOT, interruptible
+from conftest import ROOT, descendants, interruptible, still_running
 
-from labs import prefork
+from labs import launch, prefork
 
 STOP_WITHIN_S = 15
-
-
-def _descendants(pid: int) -> list[int]:
-    """The processes below `pid`, now: for a CPU run, labs' warm server (labs.prefork), the launcher it forked and
-    the ranks forked from that (all three show the server's command line; a rank names itself)."""
-    parents = {}
-    for child in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            parents[int(child)] = int(open(f"/proc/{child}/stat").read().rpartition(")")[2].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-    found, todo = [], [pid]
-    while todo:
-        above = todo.pop()
-        below = [child for child, parent in parents.items() if parent == above]
-        found += below
-        todo += below
-    return found
-
-
-def _alive(pids) -> list[int]:
-    """Those of `pids` that still run (zombies excluded: labs.prefork._exists)."""
-    return [pid for pid in pids if prefork._exists(pid)]
 
 
 def _rank_pid(processes, rank: int) -> int:
@@ -51,23 +28,41 @@ def _rank_pid(processes, rank: int) -> int:
     raise AssertionError(f"rank {rank} not found")
 
 
-def _start(out):
-    """`labs train` for many steps; returns the process, its working folder and every process below it, once its
-    ranks are training (the first step logged)."""
+def _parent(pid: int) -> int:
+    return int(open(f"/proc/{pid}/stat").read().rpartition(")")[2].split()[1])
+
+
+def _start(out, server):
+    """`labs train` for many steps; returns the process, its working folder and every process started for it, once
+    its ranks are training (the first step logged). server "parent's": it forks its launcher from this test
+    process's warm server, as a notebook cell's `labs train` or a test's does; "own": it starts its own, as from a
+    terminal. Either way its processes descend from this one and are new: the launcher, the ranks, its server."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    if server == "parent's":
+        launch.warm_for_children()
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        assert prefork.SERVER_ENV in env
+    else:
+        env.pop(prefork.SERVER_ENV, None)
+    before = set(descendants(os.getpid()))
     command = interruptible([sys.executable, "-m", "labs", "train", "--steps", "500", "--out", out, "--quiet"])
-    process = subprocess.Popen(command, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 240
-    while time.time() < deadline:
-        logs = list(out.parent.glob(f".{out.name}.partial-*/metrics.jsonl"))
-        if logs and logs[0].read_text().strip():
-            below = _descendants(process.pid)
-            assert _rank_pid(below, 0) and _rank_pid(below, 1)
-            return process, logs[0].parent, below
-        assert process.poll() is None, process.communicate()
-        time.sleep(0.5)
-    process.kill()
-    raise AssertionError("the run did not start training within 240 s")
+    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline:
+            logs = list(out.parent.glob(f".{out.name}.partial-*/metrics.jsonl"))
+            if logs and logs[0].read_text().strip():
+                below = [pid for pid in descendants(os.getpid()) if pid not in before]
+                assert _rank_pid(below, 0) and _rank_pid(below, 1)
+                launcher = _parent(_rank_pid(below, 0))
+                assert (_parent(launcher) in below) == (server == "own"), (server, launcher, below)
+                return process, logs[0].parent, below
+            assert process.poll() is None, process.communicate()
+            time.sleep(0.5)
+        raise AssertionError("the run did not start training within 240 s")
+    except BaseException:
+        process.kill()              # its run stops with it (the case under test in test_sigkill_of_labs...)
+        raise
 
 
 def _stopped(process, below) -> tuple[int, str, float]:
@@ -77,16 +72,16 @@ def _stopped(process, below) -> tuple[int, str, float]:
     except subprocess.TimeoutExpired:
         process.kill()
         raise
-    while _alive(below) and time.time() - start < STOP_WITHIN_S:
+    while still_running(below) and time.time() - start < STOP_WITHIN_S:
         time.sleep(0.2)
-    assert not _alive(below), f"processes left: {[open(f'/proc/{p}/comm').read() for p in _alive(below)]}"
+    assert not still_running(below), f"left: {[open(f'/proc/{p}/comm').read() for p in still_running(below)]}"
     return process.returncode, err, time.time() - start
 
 
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_interrupt_stops_every_process_and_keeps_nothing(tmp_path, sig, code):
     out = tmp_path / "run"
-    process, work, below = _start(out)
+    process, work, below = _start(out, "parent's")
     if sig == signal.SIGINT:        # while it runs, a second run on the same --out is refused at once
         second = subprocess.run([sys.executable, "-m", "labs", "train", "--steps", "2", "--out", str(out)], cwd=ROOT,
                                 env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
@@ -101,7 +96,7 @@ def test_interrupt_stops_every_process_and_keeps_nothing(tmp_path, sig, code):
 
 def test_a_dead_rank_stops_the_run_and_is_named(tmp_path):
     out = tmp_path / "run"
-    process, work, below = _start(out)
+    process, work, below = _start(out, "parent's")
     os.kill(_rank_pid(below, 0), signal.SIGKILL)
     returncode, err, seconds = _stopped(process, below)
     first = err.strip().splitlines()[0]
@@ -109,9 +104,12 @@ def test_a_dead_rank_stops_the_run_and_is_named(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
-def test_sigkill_of_labs_takes_the_ranks_with_it(tmp_path):
+@pytest.mark.parametrize("server", ["own", "parent's"])
+def test_sigkill_of_labs_takes_the_ranks_with_it(tmp_path, server):
+    """Its own server exits with it (its stdin closes) and the launcher takes its parent-death signal; a parent's
+    server sees it exit (labs.prefork_server) and sends the launcher the same."""
     out = tmp_path / "run"
-    process, work, below = _start(out)
+    process, work, below = _start(out, server)
     process.kill()
     returncode, _, seconds = _stopped(process, below)
     assert returncode == -signal.SIGKILL and seconds < STOP_WITHIN_S

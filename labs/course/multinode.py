@@ -81,6 +81,8 @@ def emulate(out, nnodes=2, nproc_per_node=1, steps=6, config="zero3.json", instr
         raise LabsError("the DeepSpeed-launcher emulation runs on a machine without GPUs: DeepSpeed's launcher "
                         "would give each emulated node's ranks the same GPUs (use launcher='torchrun' here)")
     port = free_port()
+    if launcher == "torchrun":
+        launch.warm_for_children()      # each node's `labs train` forks its launcher from this process's warm server
     env = _node_env()
     _say_gpus_hidden()
     hostfile = None
@@ -110,6 +112,7 @@ def single_node(out, nproc=2, steps=6, config="zero3.json", instruments=("state_
     command = [sys.executable, "-m", "labs", "train", "--preset", "tiny", "--config", str(config), "--steps",
                str(steps), "--nproc", str(nproc), "--out", str(out), "--instruments", ",".join(instruments), "--quiet"]
     _say_gpus_hidden()
+    launch.warm_for_children()
     print(f"1 node x {nproc} ranks, {steps} steps ...", end=" ", flush=True)
     start = time.perf_counter()
     subprocess.run(command, env=_node_env(), check=True, capture_output=True, text=True)
