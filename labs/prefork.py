@@ -191,7 +191,8 @@ def _exists(pid: int) -> bool:
         return False
 
 
-_servers: dict[tuple, Server] = {}
+_servers: dict[tuple, Server | ParentServer] = {}
+_passed_over: set[str] = set()          # parents' servers that failed this process: not asked again
 _lock = threading.Lock()
 
 
@@ -209,7 +210,17 @@ def start(command: list[str], env: dict) -> Launch:
             server = _server(env)
             launch = Launch(server, os.fdopen(out_read, "rb"), status_read)
             del ours[2:]                # the read ends are the launch's now
-            server.control.sendmsg([request], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", ours))])
+            try:
+                _send(server, request, ours)
+            except OSError:
+                if not isinstance(server, ParentServer):
+                    raise
+                # the parent's server went away since this process connected, or refused it: start its own
+                _passed_over.add(server.name)
+                _servers.pop(_key(env)).retire()
+                launch.server = server = _server(env)
+                server.running += 1
+                _send(server, request, ours)
         _close(ours)                    # the server has its copies: ours would keep the pipes open if it died
         launch.read_pid()
         return launch
@@ -227,6 +238,10 @@ def start(command: list[str], env: dict) -> Launch:
                     launch.close(-signal.SIGTERM)
             launch.stdout.close()
         raise
+
+
+def _send(server, request: bytes, fds: list[int]):
+    server.control.sendmsg([request], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
 
 
 def warm(env: dict):
@@ -261,6 +276,8 @@ def _server(env: dict) -> Server | ParentServer:
         name, _, digest = entry.rpartition(":")
         offered[digest] = name
     try:
+        if offered[_digest(key)] in _passed_over:
+            raise KeyError(offered[_digest(key)])
         _servers[key] = ParentServer(offered[_digest(key)])
     except (KeyError, OSError):                     # none for this environment, or gone: this process starts its own
         _servers[key] = Server(env)
