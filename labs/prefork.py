@@ -15,8 +15,8 @@ labs' own modules imported afresh (an edit to labs/ between two runs of one note
 with a new interpreter): only third-party modules come from the server. It exits as that interpreter would (its exit
 code, a traceback for an exception), except that it skips the wait for non-daemon threads at the very end.
 
-A server lives as long as the labs process that started it: it exits when its stdin (a pipe that process holds)
-closes, however that process ended, and its launchers then take SIGTERM (parent death) and stop their ranks. It is
+A server serves the labs process that started it: when that process is gone (its stdin, a pipe that process holds,
+closes, however it ended), that process's launchers take SIGTERM from it and stop their ranks. It is
 started with the first run's environment: variables read when an interpreter starts or imports (PYTHONPATH,
 GLIBC_TUNABLES, DS_ACCELERATOR, ...) are fixed from then on, so a run whose environment differs in any other than
 the per-run ones below gets a server of its own, and an idle one is retired.
@@ -24,8 +24,9 @@ the per-run ones below gets a server of its own, and an idle one is retired.
 That process's children use its server too (SERVER_ENV names it, with a digest of its environment): a test's or a
 notebook cell's `labs train` then starts warm, as its parent's runs do, where it would pay the imports again (about
 35 such launches in `make test`). A child's launcher gets SIGTERM from the server when that child exits, however it
-ended, as its own server's launchers get it at that server's death. A child whose runs' environment differs (or
-whose parent's server is gone) starts its own.
+ended, and runs on when the parent retires the server or exits: the server then takes no more requests and exits
+once the children's launchers have ended. A child whose runs' environment differs, or whose parent's server is gone
+or refuses it, starts its own. Should the server itself die, every launcher it forked takes SIGTERM (parent death).
 
 This module is labs' side; labs.prefork_server is the server's (and says how the two talk).
 """
@@ -40,7 +41,6 @@ import secrets
 import select
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import tempfile
@@ -95,14 +95,10 @@ class Server:
         return self.process.poll() is None
 
     def retire(self):
-        """Close its stdin and socket: the server exits (its launchers, if any, take SIGTERM)."""
+        """Close its stdin and socket: the server exits, once the launchers it forked for this process's children
+        have ended (this process's own, if any, take SIGTERM). Not waited for: it may serve a child for hours."""
         self.control.close()
         self.process.stdin.close()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.process.wait(10)
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
 
 
 class ParentServer:
@@ -112,14 +108,15 @@ class ParentServer:
         self.name, self.control, self.running = name, socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET), 0
         try:
             self.control.connect("\0" + name)
+            self.pid, uid, _ = prefork_server.peer(self.control)
+            if uid != os.geteuid():     # not labs' server: whoever took the name after it, another user
+                raise ConnectionRefusedError(f"{name} is another user's")
         except OSError:
             self.control.close()
             raise
-        self.pid = struct.unpack("3i", self.control.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
-                                                                 struct.calcsize("3i")))[0]
 
     def log_tail(self) -> str:
-        return "(its log is kept by the labs process that started it)"
+        return "(its log is with the labs process that started it)"
 
     def alive(self) -> bool:
         return not _readable(self.control.fileno(), 0)      # a live server never writes to it: EOF if it is gone
@@ -245,7 +242,8 @@ def _send(server, request: bytes, fds: list[int]):
 
 
 def warm(env: dict):
-    """Start the server for runs with environment `env` now, if this process has none (for its children)."""
+    """Have a server for runs with environment `env` now (its own or its parent's), for this process's children;
+    as before a run, an idle server for another environment is retired."""
     with _lock:
         _server(env)
 

@@ -5,9 +5,11 @@ labs process that started it) and on connections to the abstract Unix socket NAM
 test's `labs train`, a notebook's emulated node; labs.prefork says when they may use it). Each request is one
 message, the JSON request (argv, env, cwd) and two file descriptors (the write ends of the run's output pipe and of
 its status pipe). It forks the launcher, writes "pid N" to the status pipe, and "exit CODE" (CODE negative for a
-signal, as Popen's returncode) when it reaps it, or "error ..." if it could not fork. A launcher whose labs process
-exits before it gets SIGTERM from here, as if that process had been its parent. The server exits when its stdin or
-FD closes. The forked launcher sets itself up as labs.prefork's docstring lists, then runs labs.fork_launcher.
+signal, as Popen's returncode) when it reaps it, or "error ..." if it could not fork. When a labs process exits
+before its launchers do, they get SIGTERM from here, as if it had been their parent. When its stdin or FD closes
+(the labs process that started it is gone, or retired it), the server takes no more requests, and exits once the
+launchers it forked for other labs processes have ended. The forked launcher sets itself up as labs.prefork's
+docstring lists, then runs labs.fork_launcher.
 """
 import array
 import atexit
@@ -27,16 +29,35 @@ from labs import supervisor
 READY = b"ready"      # the server has done its imports
 
 
-class _Client:
-    """A labs process that asks for launchers: its socket, a pidfd that turns readable when it exits (opened at once,
-    so a reused pid cannot stand in for it), and the launchers it asked for that still run."""
+PEERCRED = "iII"        # struct ucred: pid, uid, gid
 
-    def __init__(self, sock: socket.socket):
-        self.sock = sock
-        self.pid, self.uid, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
-                                                                     struct.calcsize("3i")))
-        self.exited = os.pidfd_open(self.pid)
-        self.launchers = set()
+
+class _Client:
+    """A labs process that asks for launchers: its socket, its uid, a pidfd that turns readable when it exits (for
+    any but the one that started this server, whose exit closes this server's stdin), and the launchers it asked for
+    that still run."""
+
+    def __init__(self, sock: socket.socket, watch=True):
+        self.sock, self.gone, self.launchers = sock, False, set()
+        self.pid, self.uid, _ = peer(sock)
+        self.exited = os.pidfd_open(self.pid) if watch else None
+
+
+def peer(sock: socket.socket) -> tuple[int, int, int]:
+    return struct.unpack(PEERCRED, sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize(PEERCRED)))
+
+
+def _listen(name: str) -> socket.socket | None:
+    """The socket the children of labs' process reach this server on; None where the kernel cannot watch a process
+    (pidfd, Linux >= 5.3): nobody would stop their launchers, so they start servers of their own."""
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        listener.bind("\0" + name)
+        listener.listen(64)
+        return listener
+    except (AttributeError, OSError):
+        return None
 
 
 def serve(control: socket.socket, name: str):
@@ -44,63 +65,74 @@ def serve(control: socket.socket, name: str):
     os.set_blocking(wake_write, False)
     signal.set_wakeup_fd(wake_write)
     signal.signal(signal.SIGCHLD, lambda *_: None)      # only to wake the loop: children are reaped below
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    listener.bind("\0" + name)
-    listener.listen(64)
+    listener = _listen(name)
     control.send(READY)
     status_fds = {}                                     # launcher pid -> (write end of its status pipe, client)
     poller = select.poll()
-    for fd in (sys.stdin.fileno(), listener.fileno(), wake_read):
+    for fd in (sys.stdin.fileno(), wake_read, *([listener.fileno()] if listener else [])):
         poller.register(fd, select.POLLIN)
-    clients, exits = {}, {}                             # socket fd -> client; pidfd -> client
-    _add(_Client(control), clients, exits, poller)
-    while True:
+    creator = _Client(control, watch=False)
+    clients, exits = {control.fileno(): creator}, {}    # socket fd -> client; pidfd -> client
+    poller.register(control.fileno(), select.POLLIN)
+    closing = False
+    while not (closing and not status_fds):
         ready = {fd for fd, _ in poller.poll()}
         if wake_read in ready:
             os.read(wake_read, 4096)
             _reap(status_fds)
-        if listener.fileno() in ready:
-            sock = listener.accept()[0]
-            try:
-                client = _Client(sock)
-            except OSError:                             # it is gone already (or in another pid namespace)
-                sock.close()
-                continue
-            if client.uid == os.getuid():               # another user's process may not start ours
-                _add(client, clients, exits, poller)
-            else:
-                sock.close()
-                os.close(client.exited)
+        if listener and listener.fileno() in ready:
+            _accept(listener, clients, exits, poller)
         for fd in ready & set(clients):
             client = clients[fd]
             message, ancillary, _, _ = client.sock.recvmsg(1 << 20, socket.CMSG_SPACE(2 * array.array("i").itemsize))
             fds = _fds(ancillary)
-            if not message:
-                if client.sock is control:
-                    return      # labs closed the socket: it retired this server, or it is gone
-                poller.unregister(fd)                   # it closed its connection; its launchers run on
+            if not message:                             # it closed its connection; its launchers run on
+                poller.unregister(fd)
                 client.sock.close()
                 del clients[fd]
-            elif len(fds) == 2:
-                _fork_launcher(json.loads(message), fds, status_fds, client)
-            else:               # not a request labs.prefork sends (it sends two): fail it, keep serving
-                for passed in fds:
+                closing = closing or client is creator  # labs retired this server, or it is gone
+            elif len(fds) == 2 and not closing and not client.gone:
+                with contextlib.suppress(ValueError):   # not JSON: the status pipe closes unanswered
+                    _fork_launcher(json.loads(message), fds, status_fds, client)
+                    continue
+            for passed in fds:                          # a request labs.prefork does not send: fail it
+                with contextlib.suppress(OSError):
                     os.close(passed)
         for fd in ready & set(exits):
-            client = exits.pop(fd)                      # it exited: its launchers stop, as at their parent's death
-            for pid in client.launchers:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGTERM)
+            _stop_launchers(exits.pop(fd))              # it exited: its launchers stop, as at their parent's death
             poller.unregister(fd)
             os.close(fd)
         if sys.stdin.fileno() in ready and not os.read(sys.stdin.fileno(), 4096):
-            return          # the labs process that started this server is gone; our launchers follow (parent death)
+            poller.unregister(sys.stdin.fileno())       # the labs process that started this server is gone
+            _stop_launchers(creator)
+            closing = True
+        if closing and listener:
+            poller.unregister(listener.fileno())
+            listener.close()
+            listener = None
 
 
-def _add(client: _Client, clients: dict, exits: dict, poller):
-    clients[client.sock.fileno()], exits[client.exited] = client, client
-    poller.register(client.sock.fileno(), select.POLLIN)
+def _accept(listener: socket.socket, clients: dict, exits: dict, poller):
+    sock = listener.accept()[0]
+    try:
+        client = _Client(sock)
+    except OSError:                                     # it is gone already (or in another pid namespace)
+        sock.close()
+        return
+    if client.uid != os.geteuid():                      # another user's process may not start ours
+        sock.close()
+        os.close(client.exited)
+        return
+    clients[sock.fileno()], exits[client.exited] = client, client
+    poller.register(sock.fileno(), select.POLLIN)
     poller.register(client.exited, select.POLLIN)
+
+
+def _stop_launchers(client: _Client):
+    client.gone = True                                  # a request it left queued is not served
+    for pid in client.launchers:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
 
 
 def _fork_launcher(request: dict, fds: list[int], status_fds: dict, client: _Client):

@@ -291,6 +291,8 @@ def _two_nodes_training(tmp_path, server="parent's"):
         assert all(p.poll() is None for p in procs), logs[0].read_text()[-2000:]
         time.sleep(0.5)
     started = [pid for pid in descendants(os.getpid()) if pid not in before]
+    if server == "parent's":        # each node's launcher is the warm server's child, not its labs process's
+        assert not descendants(procs[0].pid) and not descendants(procs[1].pid)
     assert sum(open(f"/proc/{pid}/comm").read().startswith("labs rank") for pid in still_running(started)) == 2
     return port, procs, logs, started
 

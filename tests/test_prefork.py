@@ -197,3 +197,22 @@ def test_another_users_process_gets_no_launcher_from_the_server(tmp_path):
         child.wait()
     assert not forked and f" {server.pid} " not in said, (said, forked)
     assert server.alive()
+
+
+def test_a_childs_launcher_runs_on_when_its_parent_retires_the_server(tmp_path):
+    """The parent's `_server` retires an idle server: idle for the parent, not for its children. Retired, the server
+    takes no more requests and exits once the child's launcher has ended (here: SIGTERM when the child is killed)."""
+    env = _environment()
+    prefork.warm(env)
+    server = prefork._servers.pop(prefork._key(env))
+    child = _child(tmp_path, env)
+    try:
+        launcher = int(child.stdout.readline().split()[0])
+        server.retire()                             # as the parent does when it needs a server for another environment
+        with pytest.raises(subprocess.TimeoutExpired):
+            server.process.wait(timeout=3)
+        assert prefork._exists(launcher)
+    finally:
+        child.kill()
+        child.wait()
+    assert _gone(launcher, 15) and server.process.wait(timeout=15) == 0
