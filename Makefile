@@ -68,6 +68,9 @@ train: $(STAMP)
 # - then 18:01 (install 2:24; unit tests 15:22; chapters 1-8 12:30, then 0, 9 and 10, the book and its browser tests;
 #   689 s of runs), and 19:36 for the next commit (2:22; 17:03; 13:50; 753 s: both streams slower, this VM's spread).
 #   User + system CPU no longer counts the warm servers (their parent exits first).
+# - 2026-12-07 again (a slower day on the same VM: 0cd5295 took 23:50, install 3:33): 17:53 (install 2:19; unit tests
+#   14:14; chapters 1-8 13:07; 608 s of runs) once a labs process's children (a test's `labs train`, chapter 6's nodes)
+#   fork from its warm server instead of each starting one (42 servers in one make test before, ~35 for them).
 # CI took 1,015-1,758 s on its machines in the three stops before; the aim is under 20 minutes.
 LATE_CHAPTERS := notebooks/00_quickstart.ipynb notebooks/09_qwen7b_on_gpu.ipynb notebooks/10_zenflow.ipynb
 EARLY_CHAPTERS := $(filter-out $(LATE_CHAPTERS),$(sort $(wildcard notebooks/*.ipynb)))
