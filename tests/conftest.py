@@ -49,8 +49,7 @@ def interruptible(command: list[str]) -> list[str]:
 def run_labs(*args, cwd=None, timeout=600):
     """`python -m labs ...` as a user would type it; returns the CompletedProcess. Its CPU runs fork their launchers
     from this test process's warm server (labs.prefork), as a notebook's runs do from the kernel's."""
-    launch.warm_for_children()
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = labs_env("parent's")
     return subprocess.run([sys.executable, "-m", "labs", *map(str, args)], capture_output=True, text=True,
                           cwd=cwd or ROOT, env=env, timeout=timeout)
 
@@ -77,13 +76,29 @@ def zero3_run(tmp_path_factory):
     return out, result
 
 
+def labs_env(server: str, **extra) -> dict:
+    """The environment for a `labs` process a test starts. server "parent's": its CPU runs fork their launchers from
+    this test process's warm server (started here if need be), as a notebook's `labs train` does from the kernel's;
+    "own": it starts a server of its own, as from a terminal, so all its processes descend from it."""
+    if server == "parent's":
+        launch.warm_for_children()          # names the server in os.environ: read after it
+    env = dict(os.environ, PYTHONPATH=str(ROOT), **extra)
+    if server == "own":
+        env.pop(prefork.SERVER_ENV, None)
+    return env
+
+
+def parent_pid(pid: int) -> int:
+    return int(open(f"/proc/{pid}/stat").read().rpartition(")")[2].split()[1])   # after the name, which may hold ")"
+
+
 def descendants(pid: int) -> list[int]:
     """The processes below `pid`, now (a CPU run's launcher and ranks show their warm server's command line, and a
     forked rank its launcher's environment: descent tells them apart; labs.supervisor.name_process names a rank)."""
     parents = {}
     for child in filter(str.isdigit, os.listdir("/proc")):
         try:
-            parents[int(child)] = int(open(f"/proc/{child}/stat").read().rpartition(")")[2].split()[1])
+            parents[int(child)] = parent_pid(int(child))
         except (OSError, ValueError, IndexError):
             continue
     found, todo = [], [pid]

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from labs import launch, multinode, network, prefork, rendezvous
+from labs import multinode, network, rendezvous
 from labs.cli import main
 from labs.errors import LabsError
 from labs.instruments import comm
 from labs.instruments.environment import launcher_environment
 
-from conftest import ROOT, descendants, interruptible, run_labs, still_running
+from conftest import ROOT, descendants, interruptible, labs_env, run_labs, still_running
 
 
 # ---------------------------------------------------------------------------------------------- flags
@@ -277,11 +277,7 @@ def _two_nodes_training(tmp_path, server="parent's"):
 
     port = emulation.free_port()
     commands = [emulation.train_command(tmp_path / "run", k, 2, port, 1, steps=500) for k in (0, 1)]
-    if server == "parent's":
-        launch.warm_for_children()
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    if server == "own":
-        env.pop(prefork.SERVER_ENV, None)
+    env = labs_env(server, OMP_NUM_THREADS="1")
     before = set(descendants(os.getpid()))
     logs = [tmp_path / f"node{k}.log" for k in (0, 1)]
     procs = [subprocess.Popen(interruptible([c for c in command if c != "--quiet"]), env=env, stdout=open(log, "w"),

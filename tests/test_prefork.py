@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from conftest import descendants
+from conftest import descendants, parent_pid
 
 from labs import env as env_lib
 from labs import prefork
@@ -174,7 +174,7 @@ def test_a_child_forks_from_its_parents_server_and_its_launcher_stops_when_the_c
     try:
         launcher, server_pid, kind = child.stdout.readline().split()
         assert (int(server_pid), kind) == (server.pid, "ParentServer")
-        assert int(open(f"/proc/{launcher}/stat").read().rpartition(")")[2].split()[1]) == server.pid
+        assert parent_pid(int(launcher)) == server.pid
     finally:
         child.kill()
         child.wait()

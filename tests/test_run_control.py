@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from conftest import ROOT, descendants, interruptible, still_running
+from conftest import ROOT, descendants, interruptible, labs_env, parent_pid, still_running
 
 from labs import launch, prefork
 
@@ -28,21 +28,13 @@ def _rank_pid(processes, rank: int) -> int:
     raise AssertionError(f"rank {rank} not found")
 
 
-def _parent(pid: int) -> int:
-    return int(open(f"/proc/{pid}/stat").read().rpartition(")")[2].split()[1])
-
-
 def _start(out, server):
     """`labs train` for many steps; returns the process, its working folder and every process started for it, once
     its ranks are training (the first step logged). server "parent's": it forks its launcher from this test
     process's warm server, as a notebook cell's `labs train` or a test's does; "own": it starts its own, as from a
     terminal. Either way its processes descend from this one and are new: the launcher and the ranks, and with
-    "own" its server. (`env` is read after warm_for_children, which names the server in os.environ.)"""
-    if server == "parent's":
-        launch.warm_for_children()
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    if server == "own":
-        env.pop(prefork.SERVER_ENV, None)
+    "own" its server."""
+    env = labs_env(server)
     before = set(descendants(os.getpid()))
     command = interruptible([sys.executable, "-m", "labs", "train", "--steps", "500", "--out", out, "--quiet"])
     process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -53,11 +45,11 @@ def _start(out, server):
             if logs and logs[0].read_text().strip():
                 below = [pid for pid in descendants(os.getpid()) if pid not in before]
                 assert _rank_pid(below, 0) and _rank_pid(below, 1)
-                launcher = _parent(_rank_pid(below, 0))
+                launcher = parent_pid(_rank_pid(below, 0))
                 if server == "own":
-                    assert _parent(launcher) in below, (launcher, below)
+                    assert parent_pid(launcher) in below, (launcher, below)
                 else:
-                    assert _parent(launcher) in {s.pid for s in prefork._servers.values()}, (launcher, below)
+                    assert parent_pid(launcher) in {s.pid for s in prefork._servers.values()}, (launcher, below)
                 return process, logs[0].parent, below
             assert process.poll() is None, process.communicate()
             time.sleep(0.5)
