@@ -35,6 +35,7 @@ from labs import prefork
 ENV = "LABS_RUN_CACHE"
 NOTE = "reused.json"       # in a copied run folder: which earlier folder it came from
 LEDGER = "launches.jsonl"  # in the cache folder: every launch of this `make test`, reused or trained
+STORED_FROM = ".stored-from"   # in a stored run: the folder it was published to
 # What the ranks read from their environment that changes what they compute (labs' own LABS_* fault injection too).
 RANK_ENV = ("OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "DS_ACCELERATOR", "TORCH_CUDA_ARCH_LIST")
 _SOURCE = Path(__file__).resolve().parent
@@ -70,17 +71,17 @@ def held(key: str | None):
         yield
 
 
-def restore(key: str | None, work: Path, spec: dict) -> bool:
-    """Fill the working folder with the stored run of this key, if there is one; its run.json becomes this call's
-    spec (the same but for --out and the config file's path). Returns whether it did."""
+def restore(key: str | None, work: Path, spec: dict, spec_file: str = "run.json") -> bool:
+    """Fill the working folder with the stored run of this key, if there is one; its spec file (run.json, or a
+    chapter 8 route's route.json) becomes this call's spec (the same but for paths). Returns whether it did."""
     stored = folder() / key if key else None
-    if stored is None or not (stored / "summary.json").is_file():
+    if stored is None or not (stored / STORED_FROM).is_file():        # stored whole: see store()
         return False
     for path in stored.iterdir():
-        if path.name not in ("run.json", ".labs-run"):
+        if path.name not in (spec_file, ".labs-run", STORED_FROM):
             (shutil.copytree if path.is_dir() else shutil.copy2)(path, work / path.name)
-    (work / "run.json").write_text(json.dumps(spec, indent=1) + "\n")
-    original = json.loads((stored / "run.json").read_text())["out"]
+    (work / spec_file).write_text(json.dumps(spec, indent=1) + "\n")
+    original = (stored / STORED_FROM).read_text()
     (work / NOTE).write_text(json.dumps({"from": original, "why": f"the same run, launched earlier under {ENV}"})
                              + "\n")
     return True
@@ -92,6 +93,7 @@ def store(key: str | None, out: Path):
         return
     partial = folder() / f".{key}.{os.getpid()}"
     shutil.copytree(out, partial, ignore=shutil.ignore_patterns(NOTE))
+    (partial / STORED_FROM).write_text(str(out))
     try:
         partial.rename(folder() / key)
     except OSError:                     # another process stored the same run meanwhile

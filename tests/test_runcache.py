@@ -60,6 +60,7 @@ def test_a_stored_run_comes_back_with_this_runs_spec(tmp_path, cache):
     assert json.loads((work / "run.json").read_text()) == again
     assert (work / "summary.json").read_text() == '{"final_loss": 1.5}' and (work / "metrics.jsonl").is_file()
     assert json.loads((work / runcache.NOTE).read_text())["from"] == str(tmp_path / "first")
+    assert not (work / runcache.STORED_FROM).exists()             # the cache's own bookkeeping stays in the cache
     assert not runcache.restore(None, tmp_path / "elsewhere", spec)
 
 

@@ -1,7 +1,7 @@
 """Chapter 8's routes: the data order HF's Trainer and accelerate see, bad input, the checks that grade the source
 tutorials' snippets, the learning-rate and tolerance rules, and one real job: transformers.Trainer + DeepSpeed ZeRO-3
-on 2 ranks (the `deepspeed` launcher), with a checkpoint halfway and a second Trainer resuming from it in the same
-job."""
+on 2 ranks (the `deepspeed` launcher), with a checkpoint two steps before the end and a second Trainer resuming from
+it in the same job."""
 import json
 
 import pytest
@@ -130,11 +130,15 @@ def test_first_rates_are_zero_and_the_loss_moves_at_step_four(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------- one real job
+# Chapter 8's Trainer job, the same run: `make test` trains it once for both (labs.runcache keys routes too).
+STEPS, CHECKPOINT = 8, 6
+
+
 @pytest.fixture(scope="module")
 def trainer_run(tmp_path_factory):
-    """Trainer + DeepSpeed ZeRO-3, 4 steps, checkpoint after step 2, a second Trainer resuming from it."""
+    """Trainer + DeepSpeed ZeRO-3, 8 steps, checkpoint after step 6, a second Trainer resuming from it."""
     return routes.run("trainer", tmp_path_factory.mktemp("routes") / "trainer", config="zero3.json",
-                      launcher="deepspeed", steps=4, checkpoint_step=2)
+                      launcher="deepspeed", steps=STEPS, checkpoint_step=CHECKPOINT)
 
 
 def test_trainer_runs_on_two_ranks_with_zero3_partitions(trainer_run):
@@ -154,26 +158,28 @@ def test_trainer_sees_labs_weights_batches_and_schedule(trainer_run, tmp_path):
     initial = models.build("tiny", dtype=torch.bfloat16, device=torch.device("cpu"), seed=spec["seed"]).state_dict()
     for rank, record in enumerate(trainer_run.ranks):
         assert route_checks.replay_loss(None, spec, 1, rank, initial, zero3_linear=True) == record["losses"][0]
-    _, resolved = launch.prepare(preset="tiny", config="zero3.json", steps=4, nproc=2, out=tmp_path / "x")
-    rates = route_checks.scheduled_rates(resolved, 4)       # the rate each step used, read before it (as labs)
+    _, resolved = launch.prepare(preset="tiny", config="zero3.json", steps=STEPS, nproc=2, out=tmp_path / "x")
+    rates = route_checks.scheduled_rates(resolved, STEPS)       # the rate each step used, read before it (as labs)
     assert [m["lr"] for m in trainer_run.metrics] == rates
     # HF's own log shows the rate after the engine stepped the scheduler: the next step's (to 4 significant digits)
-    assert route_checks.trainer_logged_rates(trainer_run.path)[:3] == [float(f"{r:.4g}") for r in rates[1:4]]
+    logged = route_checks.trainer_logged_rates(trainer_run.path)[:CHECKPOINT]
+    assert logged == [float(f"{r:.4g}") for r in rates[1:CHECKPOINT + 1]]
 
 
 def test_resumed_trainer_repeats_every_loss_exactly(trainer_run):
     resumed = trainer_run.resumed
-    assert [m["step"] for m in resumed] == [3, 4]
-    assert [m["rank_losses"] for m in resumed] == [m["rank_losses"] for m in trainer_run.metrics[2:]]
+    assert [m["step"] for m in resumed] == list(range(CHECKPOINT + 1, STEPS + 1))
+    assert [m["rank_losses"] for m in resumed] == [m["rank_losses"] for m in trainer_run.metrics[CHECKPOINT:]]
 
 
 def test_zero3_checkpoint_holds_no_weights_but_zero_to_fp32_recovers_them(trainer_run):
-    checkpoint = trainer_run.path / "trainer" / "checkpoint-2"
+    checkpoint = trainer_run.path / "trainer" / f"checkpoint-{CHECKPOINT}"
     assert "model.safetensors" not in route_checks.checkpoint_files(checkpoint)
     weights = route_checks.recovered_weights(checkpoint)
     for rank in (0, 1):
-        replayed = route_checks.replay_loss(checkpoint, trainer_run.spec, 3, rank, weights, zero3_linear=True)
-        assert replayed == trainer_run.ranks[rank]["losses"][2]
+        replayed = route_checks.replay_loss(checkpoint, trainer_run.spec, CHECKPOINT + 1, rank, weights,
+                                            zero3_linear=True)
+        assert replayed == trainer_run.ranks[rank]["losses"][CHECKPOINT]
     saved = route_checks.safetensors_summary(trainer_run.path / "resumed" / "final" / "model.safetensors")
     assert saved["elements"] == models.param_counts(models.shape("tiny"))["total"]
     assert saved["dtypes"] == ["torch.bfloat16"]

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from labs import ROOT, launch, runfolder, supervisor
+from labs import ROOT, launch, runcache, runfolder, supervisor
 from labs import config as config_lib
 from labs.course import stages
 from labs.env import importable_path, repaired_environment
@@ -79,14 +79,26 @@ def run(route, out, stream=False, label=None, **kwargs) -> "RouteRun":
         print(f"{label}: {spec['steps']} steps of '{spec['preset']}' on {spec['nproc']} ranks ...", end=" ", flush=True)
     start = time.perf_counter()
     out = Path(out)
-    with runfolder.claim(out) as work:       # the ranks write into a partial folder, published when all finished
+    env, _ = repaired_environment(spec["nproc"], cpu_offload=False)
+    env.update(PYTHONPATH=importable_path(env), HF_HUB_OFFLINE="1")
+    # Under `make test` the same route launched twice (chapter 8's Trainer job, tests/test_trainer_routes.py's) is
+    # trained once: the key covers the spec, the DeepSpeed and accelerate files' contents and the ranks' environment.
+    files = dict(config=config_lib.load(spec["config"]),
+                 accelerate=spec["accelerate_config"] and Path(spec["accelerate_config"]["path"]).read_text())
+    reuse = runcache.key(spec, files, env)
+    ledger = dict(spec, out=str(out), engine=f"{route} route ({spec['launcher']} launcher)")
+    with runfolder.claim(out) as work, runcache.held(reuse):    # ranks write into a partial folder, published at the end
         if spec["route"] == "trainer" or spec["accelerate_config"]["distributed_type"] == "DEEPSPEED":
             spec["ds_config"] = str(_ds_config_for_ranks(spec, work))
         if spec["checkpoint_step"]:
             resumed = config_lib.variant(config_lib.load(spec["ds_config"]), {CHECKPOINTED: True})
             spec["resume_ds_config"] = str(config_lib.write(resumed, work / "ds_config_resume.json"))
-        env, _ = repaired_environment(spec["nproc"], cpu_offload=False)
-        env.update(PYTHONPATH=importable_path(env), HF_HUB_OFFLINE="1")
+        if runcache.restore(reuse, work, spec, spec_file="route.json"):
+            runcache.note(reuse, ledger, True, time.perf_counter() - start)
+            runfolder.publish(work, out)
+            if label:
+                print(f"done in {time.perf_counter() - start:.0f} s", flush=True)
+            return RouteRun(out)
         command = launcher_command(spec, work)
         (work / "route.json").write_text(json.dumps(spec, indent=1) + "\n")
         (work / "command.txt").write_text(shlex.join(command) + "\n")
@@ -95,6 +107,8 @@ def run(route, out, stream=False, label=None, **kwargs) -> "RouteRun":
         if code != 0 or len(list(work.glob("rank*.json"))) != spec["nproc"]:
             raise RankFailed(_failure(work, code))
         runfolder.publish(work, out)
+        runcache.store(reuse, out)
+        runcache.note(reuse, ledger, False, time.perf_counter() - start)
     if label:
         print(f"done in {time.perf_counter() - start:.0f} s", flush=True)
     return RouteRun(out)
