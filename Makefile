@@ -7,10 +7,12 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 # DeepSpeed's just-in-time ops, built once per environment (labs.env.extensions_dir uses the same folder)
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/$(VENV)/torch_extensions
-# Transparent huge pages for glibc malloc in every process make starts (pytest, the kernels, labs and its ranks): the
-# kernel then zeroes fresh memory 2 MiB at a time, not in 4 KiB faults (labs/env.py gives CPU ranks the same setting;
-# tests/test_train.py ran in 54 s instead of 69 on a 2-core VM). A no-op where THP is off or glibc is older than 2.35.
-export GLIBC_TUNABLES ?= glibc.malloc.hugetlb=1
+# glibc malloc in every process make starts (pytest, the kernels, labs and its ranks), as labs.env.MALLOC_TUNABLES
+# gives CPU ranks (tests/test_env.py checks the two agree): transparent huge pages, so the kernel zeroes fresh memory
+# 2 MiB at a time, not in 4 KiB faults (tests/test_train.py ran in 54 s instead of 69 on a 2-core VM), and freed memory
+# kept for reuse instead of handed back and zeroed again (labs/env.py has the measurements). Ignored by glibc < 2.35.
+MALLOC_KEEP := glibc.malloc.mmap_threshold=1073741824:glibc.malloc.trim_threshold=4294967296
+export GLIBC_TUNABLES ?= glibc.malloc.hugetlb=1:$(MALLOC_KEEP):glibc.malloc.top_pad=268435456
 
 # Knobs for `make train` (GPU host defaults differ; see README).
 GPU := $(shell [ -x $(PY) ] && $(PY) -c "import torch; print(int(torch.cuda.is_available()))" 2>/dev/null || echo 0)

@@ -18,7 +18,11 @@ import torch
 from labs import ROOT
 
 
-MALLOC_TUNABLES = "glibc.malloc.hugetlb=1"
+# Transparent huge pages for malloc's memory, and freed memory kept for reuse (no mmap below 1 GiB, no trim below
+# 4 GiB, the heap grown 256 MiB at a time): see the CPU ranks' branch of repaired_environment.
+MALLOC_KEEP = ("glibc.malloc.mmap_threshold=1073741824:glibc.malloc.trim_threshold=4294967296:"
+               "glibc.malloc.top_pad=268435456")
+MALLOC_TUNABLES = f"glibc.malloc.hugetlb=1:{MALLOC_KEEP}"
 
 
 def repaired_environment(nproc: int, cpu_offload: bool, base: dict | None = None,
@@ -48,14 +52,17 @@ def repaired_environment(nproc: int, cpu_offload: bool, base: dict | None = None
     env["LOCAL_SIZE"] = str(nproc)
     if not torch.cuda.is_available():
         env["DS_ACCELERATOR"] = "cpu"
-        # A CPU rank allocates and frees its activations every step, and glibc hands the pages back to the kernel,
-        # which zeroes fresh ones one 4 KiB fault at a time: on this course's 2-core VM, 22% of a tiny 2-rank run's
-        # busy CPU samples (perf) were the kernel's clear_page. Transparent huge pages for malloc's memory
-        # (glibc >= 2.35; nothing changes where the kernel's THP is off) took tests/test_train.py from 69 s to 54 s
-        # there (user + sys CPU from 101 s to 76 s). A user's own GLIBC_TUNABLES wins. The trade-off, measured on that VM
-        # (its hypervisor takes freed memory back): fresh huge pages cost ~8 s per GiB to fault in, 4 KiB pages ~0.4 s,
-        # while reused huge pages cost ~0.05 s; a 2-rank, 8-step tiny launch still spent less system CPU with them
-        # (12.5-13.4 s) than without (14.3-16.9 s) or with glibc's mmap and trim thresholds raised (19.6-20.8 s).
+        # A CPU rank allocates and frees its activations every step (the tiny preset's logits alone: 128 tokens x
+        # 151,936 vocabulary entries, 78 MB in fp32, several times a step), and glibc hands every block over 32 MiB
+        # back to the kernel when it is freed, which zeroes fresh pages at the next allocation: on this course's 2-core
+        # VM, 22% of a tiny 2-rank run's busy CPU samples (perf) were the kernel's clear_page. Two settings (glibc >=
+        # 2.35; older ones ignore them; a user's own GLIBC_TUNABLES wins):
+        # - transparent huge pages for malloc's memory (the kernel zeroes 2 MiB at a time; nothing changes where its
+        #   THP is off) took tests/test_train.py from 69 s to 54 s there (user + sys CPU from 101 s to 76 s);
+        # - then keeping freed memory for the next step (MALLOC_KEEP): a rank's memory stays at its peak until it
+        #   exits, and a 30-step 2-rank tiny run (2026-12-07, four pairs, alternated) spent 6.6-8.0 s of system CPU
+        #   instead of 12.9-17.8, and 42-51 s of busy CPU in all instead of 45-61. Raising only the mmap and trim
+        #   thresholds, without top_pad and huge pages, had cost more system CPU (19.6-20.8 s for 8 steps, 2026-12-05).
         env.setdefault("GLIBC_TUNABLES", MALLOC_TUNABLES)
     # DeepSpeed's just-in-time ops are built per Python environment: keep each environment's builds (and their
     # lock files) apart, so two checkouts never wait on, or load, each other's build.

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from labs import env
+from labs import ROOT, env
 
 
 def test_muon_stand_ins_only_for_runs_without_muon(monkeypatch):
@@ -27,7 +27,6 @@ def test_muon_stand_ins_only_for_runs_without_muon(monkeypatch):
 def test_labs_runs_moves_the_chapters_runs():
     """make test points LABS_RUNS at its temporary folder, so the chapters, run beside the unit tests, leave runs/ alone
     (tests/conftest.py fails any test that writes into the checkout)."""
-    from labs import ROOT
     probe = [sys.executable, "-c", "import labs; print(labs.RUNS)"]
     env = {k: v for k, v in os.environ.items() if k != "LABS_RUNS"}
     default = subprocess.run(probe, capture_output=True, text=True, env=env, cwd=ROOT).stdout.strip()
@@ -44,7 +43,11 @@ def test_cpu_ranks_ask_glibc_for_huge_pages_unless_the_user_chose(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("GPU ranks keep glibc's defaults")
     ranks, _ = env.repaired_environment(2, cpu_offload=False, base={})
-    assert ranks["GLIBC_TUNABLES"] == env.MALLOC_TUNABLES == "glibc.malloc.hugetlb=1"
+    shown = subprocess.run(["make", "-s", "-f", "Makefile", "-f", "-", "show"],
+                           input="show:\n\t@echo $(GLIBC_TUNABLES)\n", cwd=ROOT, capture_output=True, text=True, check=True,
+                           env={k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}).stdout
+    assert shown.strip() == env.MALLOC_TUNABLES                      # what `make test` gives every process
+    assert ranks["GLIBC_TUNABLES"] == env.MALLOC_TUNABLES and env.MALLOC_TUNABLES.startswith("glibc.malloc.hugetlb=1:")
     mine, _ = env.repaired_environment(2, cpu_offload=False, base={"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"})
     assert mine["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2"
     thp = "/sys/kernel/mm/transparent_hugepage/enabled"
@@ -58,6 +61,20 @@ def test_cpu_ranks_ask_glibc_for_huge_pages_unless_the_user_chose(tmp_path):
     assert huge_kib[env.MALLOC_TUNABLES] >= 32 * 1024, huge_kib      # most of the 64 MiB buffer
     if "[madvise]" in open(thp).read():
         assert huge_kib[""] == 0, huge_kib                            # only on request
+
+
+def test_cpu_ranks_keep_freed_memory_for_the_next_step():
+    """glibc returns a freed block over 32 MiB to the kernel, and the next step's block is faulted in (and zeroed by
+    the kernel) again; with labs.env.MALLOC_KEEP the freed block is reused: ten rounds of a 64 MiB buffer fault in
+    about one round's pages instead of ten."""
+    churn = ("import resource\nfor _ in range(10):\n    b = bytearray(64 << 20)\n"
+             "    b[::4096] = b'\\1' * (len(b) // 4096)\n    del b\n"
+             "print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt)")
+    faults = {tunables: int(subprocess.run([sys.executable, "-c", churn], capture_output=True, text=True, check=True,
+                                           env=dict(os.environ, GLIBC_TUNABLES=tunables)).stdout)
+              for tunables in ("", env.MALLOC_KEEP)}
+    rounds = 10 * (64 << 20) // 4096                                  # 4 KiB faults of ten fresh buffers
+    assert faults[""] > 0.9 * rounds and faults[env.MALLOC_KEEP] < 0.3 * rounds, faults
 
 
 def test_cpu_info_is_measured_once_per_machine_and_then_read(tmp_path, monkeypatch):
