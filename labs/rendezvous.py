@@ -3,6 +3,7 @@
     rendezvous.check_endpoint(nodes)     # node 0: the endpoint is this host and its port is free;
                                          # node K: wait (at most nodes.rdzv_timeout s) until node 0 answers
     rendezvous.wait_for_endpoint("node0", 29500, timeout_s=5)
+    rendezvous.free_port()               # a port for a launcher on this host (emulated nodes, chapter 8's routes)
 
 An unreachable rendezvous is bad input: one LabsError line within the timeout, never a hang.
 """
@@ -14,6 +15,13 @@ import time
 
 from labs.errors import LabsError
 from labs.multinode import Nodes
+
+
+def free_port() -> int:
+    """A port nobody listens on now (the OS picks it), for one launcher's rendezvous on this host."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def check_endpoint(nodes: Nodes) -> None:

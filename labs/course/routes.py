@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import socket
 import sys
 import time
 from pathlib import Path
@@ -24,7 +23,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from labs import ROOT, launch, runcache, runfolder, supervisor
+from labs import ROOT, launch, rendezvous, runcache, runfolder, supervisor
 from labs import config as config_lib
 from labs.course import stages
 from labs.env import importable_path, repaired_environment
@@ -145,7 +144,7 @@ def shown_command(run_path) -> str:
 def launcher_command(spec: dict, run_dir: Path) -> list[str]:
     """The stock launcher's command line for a route (run from the repository root)."""
     script = ["labs.course.route_rank", str(run_dir)]
-    port = str(_free_port())
+    port = str(rendezvous.free_port())
     if spec["launcher"] == "deepspeed":
         return [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(spec["nproc"]),
                 "--master_port", port, "--no_local_rank", "--module", *script]
@@ -206,13 +205,6 @@ def _accelerate_yaml(path) -> dict:
         config_lib.load(file)       # accelerate reads it with json: plain JSON, no comments
         result["deepspeed_file"] = str(file)
     return result
-
-
-def _free_port() -> int:
-    """A port nobody listens on now, for the launcher's rendezvous (other jobs may run on this host)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _failure(work: Path, code: int) -> str:
