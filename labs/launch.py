@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import shlex
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -192,9 +193,7 @@ def run(stream=True, **kwargs) -> Run:
             resume_lib.prepare_work(spec, work)
         oom_before = supervisor.oom_kills()
         try:
-            with peers.heartbeat(nodes):    # several nodes: the others' ranks stop if this node goes silent
-                code = supervisor.run(command, env, work / "launch.log", echo=stream,
-                                      start=prefork.start if command[1:3] == prefork.LAUNCHER else None)
+            code = _run_launcher(command, env, work, stream, nodes)
         except (KeyboardInterrupt, RunStopped) as stop:
             if nodes:       # the other nodes' ranks may be waiting on this node's in a collective (labs.peers)
                 peers.announce(nodes.host, nodes.port, f"node {nodes.node_rank}: interrupted")
@@ -216,6 +215,17 @@ def run(stream=True, **kwargs) -> Run:
         runcache.store(reuse, out)
         runcache.note(reuse, spec, False, time.perf_counter() - started)
     return Run(out)
+
+
+def _run_launcher(command: list[str], env: dict, work: Path, stream: bool, nodes) -> int:
+    """The launcher under labs' supervisor, which stops every process of the run however it ends; then torchrun's
+    log tree in the working folder is removed (labs.multinode.TORCHRUN_LOGS: the ranks' rank*.err hold any error)."""
+    try:
+        with peers.heartbeat(nodes):    # several nodes: the others' ranks stop if this node goes silent
+            return supervisor.run(command, env, work / "launch.log", echo=stream,
+                                  start=prefork.start if command[1:3] == prefork.LAUNCHER else None)
+    finally:
+        shutil.rmtree(work / multinode.TORCHRUN_LOGS, ignore_errors=True)
 
 
 def rank_environment(nproc: int, cpu_offload: bool, cpu_only: bool) -> tuple[dict, list[str]]:
@@ -244,4 +254,4 @@ def launcher_command(nproc: int, run_dir: Path, nodes=None, cpu: bool = False) -
             return multinode.deepspeed_command(nodes, run_dir)
         return multinode.torchrun_command(nodes, nproc, run_dir, torchrun)
     return [sys.executable, "-m", torchrun, "--standalone", f"--nproc_per_node={nproc}",
-            "-m", "labs.rank", str(run_dir)]
+            f"--log-dir={run_dir / multinode.TORCHRUN_LOGS}", "-m", "labs.rank", str(run_dir)]

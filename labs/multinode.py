@@ -170,13 +170,19 @@ def _check_whole(flag, value, least):
 
 
 # ---------------------------------------------------------------------------------------------- the commands
+# torchrun's log tree (a folder per attempt and rank, for each rank's error file) goes into the run's working folder:
+# left to itself, torchrun makes a /tmp/torchelastic_* tree at every launch and never removes it. labs.launch removes
+# this one once the launcher has exited (the ranks write their own errors to rank*.err).
+TORCHRUN_LOGS = "torchelastic"
+
+
 def torchrun_command(nodes: Nodes, nproc: int, run_dir: Path, torchrun: str = "torch.distributed.run") -> list[str]:
     """torchrun on this node: the static rendezvous at node 0's HOST:PORT, fixed node rank, no restarts (`torchrun`:
     the module, labs.fork_launcher for CPU ranks)."""
     return [sys.executable, "-m", torchrun, f"--nnodes={nodes.nnodes}",
             f"--node-rank={nodes.node_rank}", f"--nproc-per-node={nproc}", "--rdzv-backend=static",
             f"--rdzv-endpoint={nodes.endpoint}", f"--rdzv-conf=timeout={nodes.rdzv_timeout}", "--max-restarts=0",
-            "-m", "labs.rank", str(run_dir)]
+            f"--log-dir={run_dir / TORCHRUN_LOGS}", "-m", "labs.rank", str(run_dir)]
 
 
 def deepspeed_command(nodes: Nodes, run_dir: Path) -> list[str]:

@@ -50,6 +50,7 @@ def test_torchrun_command_uses_the_static_rendezvous(tmp_path):
                 "--rdzv-endpoint=node0:29555", "--rdzv-conf=timeout=30", "--max-restarts=0"):
         assert arg in command
     assert command[-3:] == ["-m", "labs.rank", str(tmp_path)] and "--standalone" not in command
+    assert f"--log-dir={tmp_path / multinode.TORCHRUN_LOGS}" in command     # not a /tmp/torchelastic_* left behind
     assert nodes.world_size(8) == 32 and multinode.global_rank(3, 7, 8) == 31
 
 
@@ -238,6 +239,11 @@ def test_two_nodes_train_like_one(two_nodes):
     envs = [r["env"] for r in nodes.run.summary["rank_env"]]
     assert [(e["RANK"], e["GROUP_RANK"], e["LOCAL_RANK"], e["WORLD_SIZE"]) for e in envs] == \
         [("0", "0", "0", "2"), ("1", "1", "0", "2")]
+    # torchrun's log tree (each rank's error file) was in the node's working folder, removed after its launcher exited
+    for folder, env in zip(nodes.folders, envs):
+        assert f"/.{folder.name}.partial-" in env["TORCHELASTIC_ERROR_FILE"]
+        assert f"/{multinode.TORCHRUN_LOGS}/" in env["TORCHELASTIC_ERROR_FILE"]
+        assert not (folder / multinode.TORCHRUN_LOGS).exists()
     assert "done: node 1's ranks finished" in nodes.outputs[1]
 
 

@@ -1,6 +1,8 @@
 """The foundation's end-to-end run: labs train, tiny preset, ZeRO-3, 2 CPU ranks, 30 steps."""
 import json
 
+from labs.multinode import TORCHRUN_LOGS
+
 
 def test_loss_falls_and_summary_is_complete(zero3_run):
     out, result = zero3_run
@@ -21,6 +23,7 @@ def test_loss_falls_and_summary_is_complete(zero3_run):
     for name in ("run.json", "ds_config.json", "command.txt", "environment.json", "launch.log"):
         assert (out / name).is_file(), name
     assert not list(out.parent.glob(".zero3*")), "the working folder was not published"
+    assert "--log-dir=" in (out / "command.txt").read_text() and not (out / TORCHRUN_LOGS).exists()   # removed
     recorded = json.loads((out / "environment.json").read_text())      # what moves speed and memory between runs
     assert {"OMP_NUM_THREADS", "DS_PIN_MEMORY_BACKEND", "PYTORCH_CUDA_ALLOC_CONF", "offload_copy"} <= set(recorded)
     assert "done: 30 steps" in result.stdout
