@@ -7,12 +7,17 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 # DeepSpeed's just-in-time ops, built once per environment (labs.env.extensions_dir uses the same folder)
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/$(VENV)/torch_extensions
-# glibc malloc in every process make starts (pytest, the kernels, labs and its ranks), as labs.env.MALLOC_TUNABLES
-# gives CPU ranks (tests/test_env.py checks the two agree): transparent huge pages, so the kernel zeroes fresh memory
-# 2 MiB at a time, not in 4 KiB faults (tests/test_train.py ran in 54 s instead of 69 on a 2-core VM), and freed memory
-# kept for reuse instead of handed back and zeroed again (labs/env.py has the measurements). Ignored by glibc < 2.35.
-MALLOC_KEEP := glibc.malloc.mmap_threshold=1073741824:glibc.malloc.trim_threshold=4294967296
-export GLIBC_TUNABLES ?= glibc.malloc.hugetlb=1:$(MALLOC_KEEP):glibc.malloc.top_pad=268435456
+# Transparent huge pages for glibc malloc in every process make starts: the kernel then zeroes fresh memory 2 MiB at a
+# time, not in 4 KiB faults (tests/test_train.py ran in 54 s instead of 69 on a 2-core VM; glibc >= 2.35).
+# `make test` also keeps freed memory for reuse instead of handing it back to be zeroed again (labs/env.py has the
+# measurements), as labs.env.MALLOC_TUNABLES does for CPU ranks (tests/test_env.py checks the two agree): its
+# processes end with it, while a kernel of `make lab` or a GPU host's `make train` would hold its peak. Your own
+# GLIBC_TUNABLES wins.
+MALLOC_KEEP := glibc.malloc.mmap_threshold=1073741824:glibc.malloc.trim_threshold=4294967296:$\
+  glibc.malloc.top_pad=268435456
+TEST_TUNABLES := $(if $(filter undefined,$(origin GLIBC_TUNABLES)),$\
+  glibc.malloc.hugetlb=1:$(MALLOC_KEEP),$(GLIBC_TUNABLES))
+export GLIBC_TUNABLES ?= glibc.malloc.hugetlb=1
 
 # Knobs for `make train` (GPU host defaults differ; see README).
 GPU := $(shell [ -x $(PY) ] && $(PY) -c "import torch; print(int(torch.cuda.is_available()))" 2>/dev/null || echo 0)
@@ -77,6 +82,7 @@ train: $(STAMP)
 # CI took 1,015-1,758 s on its machines in the three stops before; the aim is under 20 minutes.
 LATE_CHAPTERS := notebooks/00_quickstart.ipynb notebooks/09_qwen7b_on_gpu.ipynb notebooks/10_zenflow.ipynb
 EARLY_CHAPTERS := $(filter-out $(LATE_CHAPTERS),$(sort $(wildcard notebooks/*.ipynb)))
+test: export GLIBC_TUNABLES = $(TEST_TUNABLES)
 test: $(STAMP)
 	cache=$$(mktemp -d) && trap 'rm -rf "$$cache"' EXIT && \
 	  { LABS_RUN_CACHE=$$cache LABS_RUNS=$$cache/runs $(MAKE) --no-print-directory -j2 tests-stream chapters-stream; \

@@ -55,14 +55,14 @@ def repaired_environment(nproc: int, cpu_offload: bool, base: dict | None = None
         # A CPU rank allocates and frees its activations every step (the tiny preset's logits alone: 128 tokens x
         # 151,936 vocabulary entries, 78 MB in fp32, several times a step), and glibc hands every block over 32 MiB
         # back to the kernel when it is freed, which zeroes fresh pages at the next allocation: on this course's 2-core
-        # VM, 22% of a tiny 2-rank run's busy CPU samples (perf) were the kernel's clear_page. Two settings (glibc >=
-        # 2.35; older ones ignore them; a user's own GLIBC_TUNABLES wins):
-        # - transparent huge pages for malloc's memory (the kernel zeroes 2 MiB at a time; nothing changes where its
-        #   THP is off) took tests/test_train.py from 69 s to 54 s there (user + sys CPU from 101 s to 76 s);
-        # - then keeping freed memory for the next step (MALLOC_KEEP): a rank's memory stays at its peak until it
-        #   exits, and a 30-step 2-rank tiny run (2026-12-07, four pairs, alternated) spent 6.6-8.0 s of system CPU
-        #   instead of 12.9-17.8, and 42-51 s of busy CPU in all instead of 45-61. Raising only the mmap and trim
-        #   thresholds, without top_pad and huge pages, had cost more system CPU (19.6-20.8 s for 8 steps, 2026-12-05).
+        # VM, 22% of a tiny 2-rank run's busy CPU samples (perf) were the kernel's clear_page. Two settings (a user's
+        # own GLIBC_TUNABLES wins):
+        # - transparent huge pages for malloc's memory (glibc >= 2.35; the kernel zeroes 2 MiB at a time; nothing
+        #   changes where its THP is off) took tests/test_train.py from 69 s to 54 s (user + sys CPU 101 s to 76 s);
+        # - then keeping freed memory for the next step (MALLOC_KEEP, glibc >= 2.26): a rank's memory stays at its
+        #   peak until it exits. A 30-step 2-rank tiny run with both, against huge pages alone (2026-12-07, four pairs
+        #   run alternately), spent 6.6-8.0 s of system CPU instead of 12.9-17.8, and less busy CPU in all in every
+        #   pair (42-51 s against 45-61); with MALLOC_KEEP alone, about as much as with both (three pairs).
         env.setdefault("GLIBC_TUNABLES", MALLOC_TUNABLES)
     # DeepSpeed's just-in-time ops are built per Python environment: keep each environment's builds (and their
     # lock files) apart, so two checkouts never wait on, or load, each other's build.

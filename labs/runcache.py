@@ -7,12 +7,15 @@ call launches.
 
 A run is the same when everything the ranks read is the same: the resolved spec (without its --out and the path of
 its config file), the resolved DeepSpeed config, the environment variables that reach the ranks and change what they
-do, the installed versions and the source of labs itself. Runs that read files other than labs' own (--model-path,
---data), resume, save checkpoints or span nodes are never reused.
+do, the installed versions and the source of labs itself. `labs train` runs that read files other than labs' own
+(--model-path, --data), resume, save checkpoints or span nodes are never reused. Chapter 8's routes (labs.course.routes)
+are keyed the same way, with the contents of their DeepSpeed and accelerate files as `resolved`; a Trainer job that
+saves a checkpoint and resumes from it within itself is reused whole.
 
     key = runcache.key(spec, resolved, env)       # None: this run is not reusable
     with runcache.held(key):                      # a second launch of the same run waits for the first
         runcache.restore(key, work, spec)         # True: `work` now holds the earlier run, with this run's run.json
+                                                  # (spec_file="route.json" for a route)
         runcache.store(key, out)                  # after a run is published
     runcache.note(key, spec, reused, seconds)     # one line per launch in the folder's ledger (launches.jsonl)
 """
@@ -36,8 +39,10 @@ ENV = "LABS_RUN_CACHE"
 NOTE = "reused.json"       # in a copied run folder: which earlier folder it came from
 LEDGER = "launches.jsonl"  # in the cache folder: every launch of this `make test`, reused or trained
 STORED_FROM = ".stored-from"   # in a stored run: the folder it was published to
-# What the ranks read from their environment that changes what they compute (labs' own LABS_* fault injection too).
+# What the ranks read from their environment that changes what they compute (labs' own LABS_* fault injection too;
+# accelerate's and Hugging Face's settings for chapter 8's routes).
 RANK_ENV = ("OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "DS_ACCELERATOR", "TORCH_CUDA_ARCH_LIST")
+RANK_ENV_PREFIXES = ("LABS_", "ACCELERATE_", "HF_", "TRANSFORMERS_")
 _SOURCE = Path(__file__).resolve().parent
 
 
@@ -51,7 +56,7 @@ def key(spec: dict, resolved: dict, env: dict) -> str | None:
     if folder() is None or any(spec.get(k) for k in ("model_path", "data", "resume", "nodes", "save_every")):
         return None
     ranks_env = {k: env.get(k) for k in sorted(env)
-                 if k in RANK_ENV or (k.startswith("LABS_") and k not in (ENV, prefork.SERVER_ENV))}
+                 if k in RANK_ENV or (k.startswith(RANK_ENV_PREFIXES) and k not in (ENV, prefork.SERVER_ENV))}
     inputs = dict(spec={k: v for k, v in spec.items() if k not in ("out", "config", "progress")}, resolved=resolved,
                   env=ranks_env, python=sys.version, torch=torch.__version__, labs=_source_digest(),
                   **{name: _version(name) for name in ("deepspeed", "transformers", "accelerate")})

@@ -35,7 +35,8 @@ def test_the_key_covers_what_the_ranks_read_and_nothing_else(tmp_path, cache):
     assert same == _key(tmp_path, env={"HOME": "/somewhere"})
     different = [_key(tmp_path, steps=3), _key(tmp_path, config="zero2.json"), _key(tmp_path, seed=1),
                  _key(tmp_path, instruments=("comm",)), _key(tmp_path, precision="fp32"),
-                 _key(tmp_path, env={"OMP_NUM_THREADS": "1"}), _key(tmp_path, env={"LABS_TEST_KILL": "1:step:2"})]
+                 _key(tmp_path, env={"OMP_NUM_THREADS": "1"}), _key(tmp_path, env={"LABS_TEST_KILL": "1:step:2"}),
+                 _key(tmp_path, env={"ACCELERATE_USE_FSDP": "true"})]
     assert same not in different and len(set(different)) == len(different)
     assert _key(tmp_path, save_every=1) is None                  # checkpoints, other files and resumes: never
     corpus = tmp_path / "corpus.txt"
@@ -62,6 +63,25 @@ def test_a_stored_run_comes_back_with_this_runs_spec(tmp_path, cache):
     assert json.loads((work / runcache.NOTE).read_text())["from"] == str(tmp_path / "first")
     assert not (work / runcache.STORED_FROM).exists()             # the cache's own bookkeeping stays in the cache
     assert not runcache.restore(None, tmp_path / "elsewhere", spec)
+
+
+def test_a_stored_route_comes_back_with_this_calls_route_json(tmp_path, cache):
+    """Chapter 8's route folders have route.json and rank<r>.json, no run.json or summary.json."""
+    from labs.course import routes
+
+    spec = routes.prepare("trainer", out=tmp_path / "first", steps=8, checkpoint_step=6)
+    key = runcache.key(spec, {"config": {"train_batch_size": 8}, "accelerate": None}, {})
+    first = tmp_path / "first"
+    (first / "trainer" / "checkpoint-6").mkdir(parents=True)
+    (first / "route.json").write_text(json.dumps(dict(spec, ds_config="FIRST/ds_config.json")))
+    (first / "rank0.json").write_text('{"losses": [11.9]}')
+    runcache.store(key, first)
+    work = tmp_path / "work"
+    work.mkdir()
+    assert runcache.restore(key, work, dict(spec, ds_config="WORK/ds_config.json"), spec_file="route.json")
+    assert json.loads((work / "route.json").read_text())["ds_config"] == "WORK/ds_config.json"
+    assert (work / "rank0.json").is_file() and (work / "trainer" / "checkpoint-6").is_dir()
+    assert not (work / "run.json").exists() and not (work / runcache.STORED_FROM).exists()
 
 
 def test_the_ledger_counts_every_launch_and_the_report_sums_it(tmp_path, cache):

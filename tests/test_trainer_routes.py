@@ -134,6 +134,14 @@ def test_first_rates_are_zero_and_the_loss_moves_at_step_four(tmp_path):
 STEPS, CHECKPOINT = 8, 6
 
 
+def test_this_is_chapter_8s_trainer_job(tmp_path):
+    """The chapter passes its rank count and a checkpoint two steps before the end; the fixture below the defaults."""
+    chapter = routes.prepare("trainer", out=tmp_path / "c", config="zero3.json", launcher="deepspeed", steps=8,
+                             nproc=routes.chapter_ranks(), checkpoint_step=8 - 2)
+    assert chapter == routes.prepare("trainer", out=tmp_path / "t", config="zero3.json", launcher="deepspeed",
+                                     steps=STEPS, checkpoint_step=CHECKPOINT)
+
+
 @pytest.fixture(scope="module")
 def trainer_run(tmp_path_factory):
     """Trainer + DeepSpeed ZeRO-3, 8 steps, checkpoint after step 6, a second Trainer resuming from it."""
@@ -162,8 +170,8 @@ def test_trainer_sees_labs_weights_batches_and_schedule(trainer_run, tmp_path):
     rates = route_checks.scheduled_rates(resolved, STEPS)       # the rate each step used, read before it (as labs)
     assert [m["lr"] for m in trainer_run.metrics] == rates
     # HF's own log shows the rate after the engine stepped the scheduler: the next step's (to 4 significant digits)
-    logged = route_checks.trainer_logged_rates(trainer_run.path)[:CHECKPOINT]
-    assert logged == [float(f"{r:.4g}") for r in rates[1:CHECKPOINT + 1]]
+    logged = route_checks.trainer_logged_rates(trainer_run.path)[:STEPS - 1]
+    assert logged == [float(f"{r:.4g}") for r in rates[1:STEPS]]
 
 
 def test_resumed_trainer_repeats_every_loss_exactly(trainer_run):

@@ -81,12 +81,14 @@ def run(route, out, stream=False, label=None, **kwargs) -> "RouteRun":
     env, _ = repaired_environment(spec["nproc"], cpu_offload=False)
     env.update(PYTHONPATH=importable_path(env), HF_HUB_OFFLINE="1")
     # Under `make test` the same route launched twice (chapter 8's Trainer job, tests/test_trainer_routes.py's) is
-    # trained once: the key covers the spec, the DeepSpeed and accelerate files' contents and the ranks' environment.
+    # trained once: the key covers the spec, the DeepSpeed and accelerate files' contents and the environment variables
+    # that change what the ranks do (labs.runcache.RANK_ENV and RANK_ENV_PREFIXES).
     files = dict(config=config_lib.load(spec["config"]),
                  accelerate=spec["accelerate_config"] and Path(spec["accelerate_config"]["path"]).read_text())
     reuse = runcache.key(spec, files, env)
     ledger = dict(spec, out=str(out), engine=f"{route} route ({spec['launcher']} launcher)")
-    with runfolder.claim(out) as work, runcache.held(reuse):    # ranks write into a partial folder, published at the end
+    # the ranks write into a partial folder, published when all have finished
+    with runfolder.claim(out) as work, runcache.held(reuse):
         if spec["route"] == "trainer" or spec["accelerate_config"]["distributed_type"] == "DEEPSPEED":
             spec["ds_config"] = str(_ds_config_for_ranks(spec, work))
         if spec["checkpoint_step"]:
@@ -96,7 +98,8 @@ def run(route, out, stream=False, label=None, **kwargs) -> "RouteRun":
             runcache.note(reuse, ledger, True, time.perf_counter() - start)
             runfolder.publish(work, out)
             if label:
-                print(f"done in {time.perf_counter() - start:.0f} s", flush=True)
+                print(f"done in {time.perf_counter() - start:.0f} s (the same job, launched earlier in this make test: "
+                      f"{json.loads((out / runcache.NOTE).read_text())['from']})", flush=True)
             return RouteRun(out)
         command = launcher_command(spec, work)
         (work / "route.json").write_text(json.dumps(spec, indent=1) + "\n")
