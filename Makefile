@@ -7,17 +7,16 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 # DeepSpeed's just-in-time ops, built once per environment (labs.env.extensions_dir uses the same folder)
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/$(VENV)/torch_extensions
-# Transparent huge pages for glibc malloc in every process make starts: the kernel then zeroes fresh memory 2 MiB at a
-# time, not in 4 KiB faults (tests/test_train.py ran in 54 s instead of 69 on a 2-core VM; glibc >= 2.35).
-# `make test` also keeps freed memory for reuse instead of handing it back to be zeroed again (labs/env.py has the
-# measurements), as labs.env.MALLOC_TUNABLES does for CPU ranks (tests/test_env.py checks the two agree): its
-# processes end with it, while a kernel of `make lab` or a GPU host's `make train` would hold its peak. Your own
-# GLIBC_TUNABLES wins.
+# glibc malloc for every process `make test` starts (pytest, the kernels, labs and its ranks), as labs.env gives CPU
+# ranks wherever they start (MALLOC_TUNABLES; tests/test_env.py checks the two agree): transparent huge pages, so the
+# kernel zeroes fresh memory 2 MiB at a time, not in 4 KiB faults (glibc >= 2.35; tests/test_train.py ran in 54 s
+# instead of 69 on a 2-core VM), and freed memory kept for reuse instead of handed back to be zeroed again (glibc >=
+# 2.26; labs/env.py has the measurements). Only for `make test`, whose processes all end with it: a kernel of `make
+# lab` would hold its peak. Your own GLIBC_TUNABLES wins.
 MALLOC_KEEP := glibc.malloc.mmap_threshold=1073741824:glibc.malloc.trim_threshold=4294967296:$\
   glibc.malloc.top_pad=268435456
 TEST_TUNABLES := $(if $(filter undefined,$(origin GLIBC_TUNABLES)),$\
   glibc.malloc.hugetlb=1:$(MALLOC_KEEP),$(GLIBC_TUNABLES))
-export GLIBC_TUNABLES ?= glibc.malloc.hugetlb=1
 
 # Knobs for `make train` (GPU host defaults differ; see README).
 GPU := $(shell [ -x $(PY) ] && $(PY) -c "import torch; print(int(torch.cuda.is_available()))" 2>/dev/null || echo 0)

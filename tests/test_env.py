@@ -60,13 +60,14 @@ def test_cpu_ranks_ask_glibc_for_huge_pages_unless_the_user_chose(tmp_path):
 
 
 def test_make_test_gives_every_process_what_cpu_ranks_get():
-    """`make test` exports labs.env.MALLOC_TUNABLES (its processes end with it); other targets only huge pages."""
-    def shown(target_value):
-        snippet = f"show:\n\t@echo {target_value}\n"
-        return subprocess.run(["make", "-s", "-f", "Makefile", "-f", "-", "show"], input=snippet, cwd=ROOT, text=True,
-                              capture_output=True, check=True,
+    """`make test` exports labs.env.MALLOC_TUNABLES to all it starts (its processes end with it); other targets
+    export nothing (labs.env sets CPU ranks' own). Probed by a prerequisite that prints what it got and stops make."""
+    def seen(goal):
+        probe = "test: probe\nprobe:\n\t@echo \"[$$GLIBC_TUNABLES]\"; exit 3\n"
+        return subprocess.run(["make", "-s", "-f", "Makefile", "-f", "-", "-o", ".venv/.installed", goal],
+                              input=probe, cwd=ROOT, text=True, capture_output=True,
                               env={k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}).stdout.strip()
-    assert shown("$(TEST_TUNABLES)") == env.MALLOC_TUNABLES and shown("$(GLIBC_TUNABLES)") == "glibc.malloc.hugetlb=1"
+    assert seen("test") == f"[{env.MALLOC_TUNABLES}]" and seen("probe") == "[]"
 
 
 def test_cpu_ranks_keep_freed_memory_for_the_next_step():
