@@ -139,7 +139,7 @@ def shown_command(run_path) -> str:
     words = shlex.split((Path(run_path) / "command.txt").read_text())
     shown = []
     for word in words:
-        word = "python" if word == sys.executable else re.sub(r"\S*\.partial-\d+", "RUN", word.replace(f"{ROOT}/", ""))
+        word = "python" if word == sys.executable else re.sub(r"[^\s=]*\.partial-\d+", "RUN", word.replace(f"{ROOT}/", ""))
         shown.append("PORT" if shown and shown[-1] in ("--master_port", "--main_process_port") else word)
     return " ".join(shown)
 
