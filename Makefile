@@ -82,6 +82,8 @@ train: $(STAMP)
 #   then 0, 9 and 10, the book and its browser tests: the longer stream), then 15:47 (2:10; 12:41 then 0, 9 and 10;
 #   11:05 then the book) with freed memory kept for reuse (MALLOC_KEEP), chapter 8's Trainer job trained once for it
 #   and a test, and chapters 0, 9 and 10 moved to the unit tests' stream. Peak memory in use: 5.7 GiB, then 7.9 GiB.
+#   At the session's last commit, again paired: 17:40 (2:37; unit tests 14:00; chapters 1-8 12:22) against 53b65d0's
+#   19:00 forty minutes later (2:46; 15:13; 13:45): the VM had slowed, the gain held (make test 15:03 against 16:14).
 # CI took 1,015-1,758 s on its machines in the stops before (1,177 s for 53b65d0); the aim is under 20 minutes.
 LATE_CHAPTERS := notebooks/00_quickstart.ipynb notebooks/09_qwen7b_on_gpu.ipynb notebooks/10_zenflow.ipynb
 EARLY_CHAPTERS := $(filter-out $(LATE_CHAPTERS),$(sort $(wildcard notebooks/*.ipynb)))
