@@ -94,25 +94,22 @@ def run(route, out, stream=False, label=None, **kwargs) -> "RouteRun":
         if spec["checkpoint_step"]:
             resumed = config_lib.variant(config_lib.load(spec["ds_config"]), {CHECKPOINTED: True})
             spec["resume_ds_config"] = str(config_lib.write(resumed, work / "ds_config_resume.json"))
-        if runcache.restore(reuse, work, spec, spec_file="route.json"):
-            runcache.note(reuse, ledger, True, time.perf_counter() - start)
-            runfolder.publish(work, out)
-            if label:
-                print(f"done in {time.perf_counter() - start:.0f} s (the same job, launched earlier in this make test: "
-                      f"{json.loads((out / runcache.NOTE).read_text())['from']})", flush=True)
-            return RouteRun(out)
-        command = launcher_command(spec, work)
-        (work / "route.json").write_text(json.dumps(spec, indent=1) + "\n")
-        (work / "command.txt").write_text(shlex.join(command) + "\n")
-        # Owned as labs train owns torchrun: an interrupt stops the launcher's whole session, ranks included.
-        code = supervisor.run(command, env, work / "launch.log", echo=stream)
-        if code != 0 or len(list(work.glob("rank*.json"))) != spec["nproc"]:
-            raise RankFailed(_failure(work, code))
+        reused = runcache.restore(reuse, work, spec, spec_file="route.json")
+        if not reused:
+            command = launcher_command(spec, work)
+            (work / "route.json").write_text(json.dumps(spec, indent=1) + "\n")
+            (work / "command.txt").write_text(shlex.join(command) + "\n")
+            # Owned as labs train owns torchrun: an interrupt stops the launcher's whole session, ranks included.
+            code = supervisor.run(command, env, work / "launch.log", echo=stream)
+            if code != 0 or len(list(work.glob("rank*.json"))) != spec["nproc"]:
+                raise RankFailed(_failure(work, code))
         runfolder.publish(work, out)
-        runcache.store(reuse, out)
-        runcache.note(reuse, ledger, False, time.perf_counter() - start)
+        runcache.store(reuse, out)                  # nothing to do for a reused job: its key is stored
+        runcache.note(reuse, ledger, reused, time.perf_counter() - start)
     if label:
-        print(f"done in {time.perf_counter() - start:.0f} s", flush=True)
+        origin = (f" (the same job, launched earlier in this make test: "
+                  f"{json.loads((out / runcache.NOTE).read_text())['from']})" if reused else "")
+        print(f"done in {time.perf_counter() - start:.0f} s{origin}", flush=True)
     return RouteRun(out)
 
 
@@ -139,7 +136,8 @@ def shown_command(run_path) -> str:
     words = shlex.split((Path(run_path) / "command.txt").read_text())
     shown = []
     for word in words:
-        word = "python" if word == sys.executable else re.sub(r"[^\s=]*\.partial-\d+", "RUN", word.replace(f"{ROOT}/", ""))
+        relative = re.sub(r"[^\s=]*\.partial-\d+", "RUN", word.replace(f"{ROOT}/", ""))    # --log-dir=RUN/...
+        word = "python" if word == sys.executable else relative
         shown.append("PORT" if shown and shown[-1] in ("--master_port", "--main_process_port") else word)
     return " ".join(shown)
 
