@@ -12,7 +12,6 @@ which folder each node writes.
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import shlex
 import shutil
@@ -154,67 +153,70 @@ def run(stream=True, **kwargs) -> Run:
     out = Path(spec["out"])              # this node's folder (multinode.node_out)
     nodes = kwargs.get("nodes")
     cpu_offload = config_lib.offloads(resolved)["optimizer"] == "cpu"
-    with runfolder.claim(out) as work, contextlib.ExitStack() as cached:
+    with runfolder.claim(out) as work:
         env, repairs = rank_environment(spec["nproc"], cpu_offload, cpu_only=spec.get("device") == "cpu")
         reuse = runcache.key(spec, resolved, env)          # only under `make test` (LABS_RUN_CACHE)
         started = time.perf_counter()
-        cached.enter_context(runcache.held(reuse))         # until stored: the same run launched meanwhile waits
-        if runcache.restore(reuse, work, spec):
-            runcache.note(reuse, spec, True, time.perf_counter() - started)
-            if stream:
+        with runcache.held(reuse):                         # until stored: the same run launched meanwhile waits
+            reused = runcache.restore(reuse, work, spec)
+            if not reused:
+                _train(spec, resolved, env, repairs, work, out, stream, nodes, cpu_offload)
+            elif stream:                                   # the earlier run's output, as if it ran now
                 print((work / "launch.log").read_text(errors="replace"), end="", flush=True)
             runfolder.publish(work, out)
-            return Run(out)
-        command = launcher_command(spec["nproc"], work, nodes, cpu=spec.get("device") == "cpu")
-        (work / "run.json").write_text(json.dumps(spec, indent=1) + "\n")
-        (work / "ds_config.json").write_text(json.dumps(resolved, indent=1) + "\n")
-        (work / "command.txt").write_text(shlex.join(command) + "\n")
-        (work / "environment.json").write_text(json.dumps(
-            {"repairs": repairs, "torch": torch.__version__, "cuda": torch.version.cuda, "host_python": sys.version,
-             "DS_ACCELERATOR": env.get("DS_ACCELERATOR"), "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS"),
-             "TORCH_CUDA_ARCH_LIST": env.get("TORCH_CUDA_ARCH_LIST"), "NCCL_NVLS_ENABLE": env.get("NCCL_NVLS_ENABLE"),
-             "DS_PIN_MEMORY_BACKEND": env.get("DS_PIN_MEMORY_BACKEND"),       # labs.memory.from_run reads it
-             "LABS_OFFLOAD_COPY": env.get("LABS_OFFLOAD_COPY"),
-             "PYTORCH_CUDA_ALLOC_CONF": env.get("PYTORCH_CUDA_ALLOC_CONF"),    # e.g. expandable segments: fits more
-             # the copy of updated weights chosen for a ZeRO-3 offload run (labs.offload_copy; a DeepSpeed other
-             # than 0.19.8 keeps its own, and the ranks say so), None where the run makes no such copy
-             "offload_copy": offload_copy.chosen(env) if offload_copy.applies(resolved, spec["stock"]) else None,
-             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, indent=1) + "\n")
-        for repair in repairs:
-            print(f"labs: repaired {repair}", flush=True)
-        optimizer = resolved.get("optimizer") or {}
-        building = env_lib.ops_to_build(spec.get("device") == "cuda", cpu_offload,
-                                        fused_adam=spec["engine"] == "deepspeed" and bool(optimizer) and
-                                        not (optimizer.get("params") or {}).get("torch_adam"))
-        if building:
-            print(f"labs: this is the first run here that needs DeepSpeed's {', '.join(building)} op: it compiles "
-                  f"now (about a minute each, once; cached in {env_lib.extensions_dir()})", flush=True)
-        if spec.get("resume"):
-            resume_lib.prepare_work(spec, work)
-        oom_before = supervisor.oom_kills()
-        try:
-            code = _run_launcher(command, env, work, stream, nodes)
-        except (KeyboardInterrupt, RunStopped) as stop:
-            if nodes:       # the other nodes' ranks may be waiting on this node's in a collective (labs.peers)
-                peers.announce(nodes.host, nodes.port, f"node {nodes.node_rank}: interrupted")
-            stop.kept = resume_lib.keep_interrupted(work, out, str(stop) or "interrupted (Ctrl-C)")
-            raise
-        if code != 0:
-            if nodes:
-                peers.announce(nodes.host, nodes.port, f"node {nodes.node_rank}: its launcher exited with code {code}")
-                unmet = rendezvous.rendezvous_failure((work / "launch.log").read_text(errors="replace"))
-                if unmet and not list(work.glob("rank*.err")):
-                    raise LabsError(f"{unmet}; launcher exit code {code}, nothing kept")
-            first, _, trace = supervisor.failure_message(work, code, oom_before).partition("\n")
-            if nodes:
-                first += " (several nodes: a rank elsewhere may have failed first; see each node's output)"
-            kept = resume_lib.keep_interrupted(work, out, first)
-            raise RankFailed(f"{first}; {kept}\n{trace}".rstrip() if kept else f"{first}\n{trace}".rstrip())
-        resume_lib.finish(work)
-        runfolder.publish(work, out)
-        runcache.store(reuse, out)
-        runcache.note(reuse, spec, False, time.perf_counter() - started)
+            runcache.store(reuse, out)                     # nothing to do for a reused run: its key is stored
+        runcache.note(reuse, spec, reused, time.perf_counter() - started)
     return Run(out)
+
+
+def _train(spec, resolved, env, repairs, work: Path, out: Path, stream: bool, nodes, cpu_offload: bool):
+    """Write the run's records into the working folder, launch its ranks and wait; a failure raises (see run)."""
+    command = launcher_command(spec["nproc"], work, nodes, cpu=spec.get("device") == "cpu")
+    (work / "run.json").write_text(json.dumps(spec, indent=1) + "\n")
+    (work / "ds_config.json").write_text(json.dumps(resolved, indent=1) + "\n")
+    (work / "command.txt").write_text(shlex.join(command) + "\n")
+    (work / "environment.json").write_text(json.dumps(
+        {"repairs": repairs, "torch": torch.__version__, "cuda": torch.version.cuda, "host_python": sys.version,
+         "DS_ACCELERATOR": env.get("DS_ACCELERATOR"), "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS"),
+         "TORCH_CUDA_ARCH_LIST": env.get("TORCH_CUDA_ARCH_LIST"), "NCCL_NVLS_ENABLE": env.get("NCCL_NVLS_ENABLE"),
+         "DS_PIN_MEMORY_BACKEND": env.get("DS_PIN_MEMORY_BACKEND"),       # labs.memory.from_run reads it
+         "LABS_OFFLOAD_COPY": env.get("LABS_OFFLOAD_COPY"),
+         "PYTORCH_CUDA_ALLOC_CONF": env.get("PYTORCH_CUDA_ALLOC_CONF"),    # e.g. expandable segments: fits more
+         # the copy of updated weights chosen for a ZeRO-3 offload run (labs.offload_copy; a DeepSpeed other
+         # than 0.19.8 keeps its own, and the ranks say so), None where the run makes no such copy
+         "offload_copy": offload_copy.chosen(env) if offload_copy.applies(resolved, spec["stock"]) else None,
+         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, indent=1) + "\n")
+    for repair in repairs:
+        print(f"labs: repaired {repair}", flush=True)
+    optimizer = resolved.get("optimizer") or {}
+    building = env_lib.ops_to_build(spec.get("device") == "cuda", cpu_offload,
+                                    fused_adam=spec["engine"] == "deepspeed" and bool(optimizer) and
+                                    not (optimizer.get("params") or {}).get("torch_adam"))
+    if building:
+        print(f"labs: this is the first run here that needs DeepSpeed's {', '.join(building)} op: it compiles "
+              f"now (about a minute each, once; cached in {env_lib.extensions_dir()})", flush=True)
+    if spec.get("resume"):
+        resume_lib.prepare_work(spec, work)
+    oom_before = supervisor.oom_kills()
+    try:
+        code = _run_launcher(command, env, work, stream, nodes)
+    except (KeyboardInterrupt, RunStopped) as stop:
+        if nodes:       # the other nodes' ranks may be waiting on this node's in a collective (labs.peers)
+            peers.announce(nodes.host, nodes.port, f"node {nodes.node_rank}: interrupted")
+        stop.kept = resume_lib.keep_interrupted(work, out, str(stop) or "interrupted (Ctrl-C)")
+        raise
+    if code != 0:
+        if nodes:
+            peers.announce(nodes.host, nodes.port, f"node {nodes.node_rank}: its launcher exited with code {code}")
+            unmet = rendezvous.rendezvous_failure((work / "launch.log").read_text(errors="replace"))
+            if unmet and not list(work.glob("rank*.err")):
+                raise LabsError(f"{unmet}; launcher exit code {code}, nothing kept")
+        first, _, trace = supervisor.failure_message(work, code, oom_before).partition("\n")
+        if nodes:
+            first += " (several nodes: a rank elsewhere may have failed first; see each node's output)"
+        kept = resume_lib.keep_interrupted(work, out, first)
+        raise RankFailed(f"{first}; {kept}\n{trace}".rstrip() if kept else f"{first}\n{trace}".rstrip())
+    resume_lib.finish(work)
 
 
 def _run_launcher(command: list[str], env: dict, work: Path, stream: bool, nodes) -> int:

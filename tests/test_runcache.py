@@ -3,6 +3,7 @@ ranks read. No rank starts here: the keys come from launch.prepare, the stored r
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -63,6 +64,31 @@ def test_a_stored_run_comes_back_with_this_runs_spec(tmp_path, cache):
     assert json.loads((work / runcache.NOTE).read_text())["from"] == str(tmp_path / "first")
     assert not (work / runcache.STORED_FROM).exists()             # the cache's own bookkeeping stays in the cache
     assert not runcache.restore(None, tmp_path / "elsewhere", spec)
+
+
+def test_launch_run_trains_once_then_copies_through_one_path(tmp_path, cache, monkeypatch, capsys):
+    """labs.launch.run with a cache: the first call trains (here a writer stands in for the ranks), publishes, stores
+    and notes; the same run again publishes the stored copy, streams its launch log and notes the reuse."""
+    trained = []
+
+    def ranks(spec, resolved, env, repairs, work, out, stream, nodes, cpu_offload):
+        trained.append(str(out))
+        (work / "run.json").write_text(json.dumps(spec))
+        (work / "launch.log").write_text("step 1 loss 11.9\n")
+        (work / "metrics.jsonl").write_text('{"step": 1, "loss": 11.9}\n')
+
+    monkeypatch.setattr(launch, "_train", ranks)
+    options = dict(preset="tiny", config="zero3.json", steps=2)
+    first = launch.run(out=tmp_path / "first", stream=False, **options)
+    second = launch.run(out=tmp_path / "second", stream=True, **options)
+    assert trained == [str(tmp_path / "first")]
+    assert [m["loss"] for m in first.metrics] == [m["loss"] for m in second.metrics] == [11.9]
+    assert json.loads((second.path / "run.json").read_text())["out"] == str(tmp_path / "second")
+    assert json.loads((second.path / runcache.NOTE).read_text())["from"] == str(tmp_path / "first")
+    assert "step 1 loss 11.9" in capsys.readouterr().out
+    rows = [json.loads(line) for line in (cache / runcache.LEDGER).read_text().splitlines()]
+    assert [(r["reused"], Path(r["out"]).name) for r in rows] == [(False, "first"), (True, "second")]
+    assert not list(tmp_path.glob(".*partial*"))                  # both working folders were published
 
 
 def test_a_stored_route_comes_back_with_this_calls_route_json(tmp_path, cache):
