@@ -16,8 +16,8 @@ from labs.course import exercises
     ("01.1", 6.5, 2 + 14 / 4),                      # DeepSpeed counts 18 partitioned bytes, the paper 14
     ("01.2", "optimizer_step", "loss_backward"),    # with activations small, the fp32 copy of the update decides
     ("01.5", 18 * 7_615_616_512 / 1e9, 12 * 7_615_616_512 / 1e9),   # fp32 grads and ZeRO-3's bf16 ones go too
-    ("08.1", 16 * 4 * 8, 4 * 8),                    # HF multiplies by the ranks too
-    ("08.2", 4000, 1000),                           # accelerate divides by the processes: multiply first
+    ("08.1", 2**20 // 4096 // (16 * 4), 2**20 // 4096 // (8 * 4)),   # the ranks of both nodes, not one node's
+    ("08.2", 1000 - 250, 1),                        # accelerate's 1000 / 4 processes ends the cosine at step 250
     ("08.3", 1, 2),                                 # the first step's 0 is DeepSpeed's, not the warm-up's
     ("08.4", 2 ** -7, 2 ** -6),                     # half a bf16 step near 2.7, not a whole one
     ("05.1", 0.766, 0.383),                          # 28 layers x 2 x 3584 bytes x 4096 tokens, not one byte each

@@ -41,6 +41,7 @@ ALLOWED = {
     ("05_checkpointing", "1,000"): "an exercise's premise (a 1,000-step run)",
     ("06_multi_node", "30s"): "a setting: the hang probe's timeout, timeout_s=30 in the cell",
     ("06_multi_node", "25GB/s"): "a setting: the slow network the sweep assumes, inter_gbps=25 in the cell",
+    ("07_fsdp", "80GB"): "hardware: the card most readers have (A100 / H100 80 GB), which the H200 peaks exceed",
     ("06_multi_node", "4x"): "the ZeRO++ paper's headline (3M to 0.75M), quoted; the next cell prints the model's 4.04-4.74",
     ("09_qwen7b_on_gpu", "1,979"): "hardware: the H200's dense fp8 peak in TFLOP/s, from NVIDIA's data sheet",
     ("09_qwen7b_on_gpu", "24GB"): "hardware: a consumer card's memory, the premise of a question no run measured",

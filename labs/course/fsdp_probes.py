@@ -146,7 +146,10 @@ def _host_adam(numel: int, steps: int) -> dict:
     return dict(numel=numel, threads=torch.get_num_threads(),
                 deepspeed_cpu_adam=median_step(lambda ps: DeepSpeedCPUAdam(ps, lr=1e-3)),
                 torch_adamw_fused=median_step(lambda ps: torch.optim.AdamW(ps, lr=1e-3, fused=True)),
-                torch_adamw_foreach=median_step(lambda ps: torch.optim.AdamW(ps, lr=1e-3, foreach=True)))
+                torch_adamw_foreach=median_step(lambda ps: torch.optim.AdamW(ps, lr=1e-3, foreach=True)),
+                # what labs.fsdp builds on a machine without a GPU (fused=False, foreach left to torch, which
+                # picks neither for CPU tensors): the single-tensor loop
+                torch_adamw_single=median_step(lambda ps: torch.optim.AdamW(ps, lr=1e-3, fused=False, foreach=False)))
 
 
 def _bf16_grid(lrs: list[float], steps: int) -> dict:

@@ -1,7 +1,7 @@
 """Chapter 7's readings of what was not run on this machine: the H200 runs that chapter 9's benchmark recorded in
 results/gpu, what the installed libraries accept, and the decision guide that puts them next to the chapter's runs.
 
-    gpu = fsdp_records.gpu_rows()                 # FSDP2 and labs ZeRO-3, same levers, with labs.memory's peaks
+    gpu = fsdp_records.gpu_rows()                 # FSDP2, labs ZeRO-3 and ZeRO-2, same levers, labs.memory's peaks
     fsdp_records.gpu_losses()                     # run a: the losses of FSDP2 and DeepSpeed's ZeRO stages
     Table(fsdp_records.decision_rows(pairs, gpu, grid))
 """
@@ -14,9 +14,10 @@ from labs.course.fsdp_vs_zero import ENGINES
 
 RUN_A = "a_zero3_2xh200"
 # The recorded H200 cases of this comparison: FSDP2 in runs a and d; labs-zero3 in runs a and e (run d has no
-# labs-zero3 case, and run c's is marked invalid). Same levers for both: Liger kernels and loss, no checkpointing.
+# labs-zero3 case, and run c's is marked invalid); labs-zero2 in run a (the decision guide compares it). Same levers
+# for all: Liger kernels and loss, no checkpointing.
 GPU_CASES = ((RUN_A, "labs-fsdp2"), ("d_zero3_repeat_2xh200", "labs-fsdp2"), (RUN_A, "labs-zero3"),
-             ("e_zero3_final_2xh200", "labs-zero3"))
+             ("e_zero3_final_2xh200", "labs-zero3"), (RUN_A, "labs-zero2"))
 # Run a's cases that trained the same model with the same data and constant lr: FSDP2 and DeepSpeed's stages.
 LOSS_CASES = ("labs-fsdp2", "labs-zero1", "labs-zero2", "labs-zero3", "stock-zero3")
 

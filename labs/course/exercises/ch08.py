@@ -8,25 +8,34 @@ from labs.course import route_checks, tutorial_snippets
 from labs.course.exercises.registry import exercise
 
 
-@exercise("08.1", "The Trainer on 2 nodes x 8 GPUs with TrainingArguments(per_device_train_batch_size=4, "
-          "gradient_accumulation_steps=8) and ds_configs/zero3.json: what train_batch_size does HF write into the "
-          "DeepSpeed config?", "sequences", hint="HF fills train_batch_size = ranks x micro-batch x accumulation, and "
-                                                 "the ranks are those of the whole job")
-def _hf_train_batch_size():
-    filled, _ = tutorial_snippets.hf_fill(config.load(CONFIGS / "zero3.json"), world_size=16,
-                                          per_device_train_batch_size=4, gradient_accumulation_steps=8,
-                                          adam_beta2=0.95, bf16=True, use_cpu=True)
-    return filled["train_batch_size"]
+@exercise("08.1", "You want 2**20 tokens per optimizer step at sequence 4096 with the Trainer on 2 nodes x 8 GPUs, "
+          "TrainingArguments(per_device_train_batch_size=4) and ds_configs/zero3.json: what "
+          "gradient_accumulation_steps do you pass?", "steps", hint="tokens per step = sequence x train_batch_size, and "
+          "HF fills train_batch_size = ranks x micro-batch x accumulation, with the ranks of the whole job")
+def _hf_accumulation():
+    zero3 = config.load(CONFIGS / "zero3.json")
+    for accumulation in range(1, 257):
+        filled, _ = tutorial_snippets.hf_fill(zero3, world_size=16, per_device_train_batch_size=4,
+                                              gradient_accumulation_steps=accumulation, adam_beta2=0.95, bf16=True,
+                                              use_cpu=True)
+        if filled["train_batch_size"] * 4096 == 2**20:
+            return accumulation
+    raise AssertionError("no accumulation gives 2**20 tokens per step")
 
 
-@exercise("08.2", "Your accelerate loop runs with a DeepSpeed config file on 4 processes, and the learning rate "
-          "should decay over 1000 optimizer steps: what total_num_steps do you pass to DummyScheduler?", "steps",
-          rel=0.0005, hint="accelerate takes DummyScheduler's count for batches of the loader before it is sharded "
-                           "over the processes; undo what it does to the number")
-def _dummy_scheduler_steps():
-    passed = route_checks.dummy_scheduler_steps(1000, 4)
-    assert route_checks.accelerate_scheduler_steps(passed, 4) == 1000      # what DeepSpeed then gets
-    return passed
+@exercise("08.2", "Your accelerate loop (4 processes, batches not split) uses ds_configs/zero2.json and "
+          "DummyScheduler(total_num_steps=1000, warmup_num_steps=100), and makes 1000 optimizer steps: how many of "
+          "them update at the cosine schedule's floor (cos_min_ratio times the peak rate)?", "steps", rel=0.005,
+          hint="accelerate divides total_num_steps by the processes (it counts batches of the unsharded loader) "
+               "but passes warmup_num_steps as it is; the schedule stays at its floor after its last step")
+def _steps_at_the_floor():
+    raw = config.load(CONFIGS / "zero2.json")
+    given = route_checks.accelerate_scheduler_steps(1000, 4)          # what DeepSpeed's scheduler gets
+    scheduled = config.variant(raw, {"optimizer.params.lr": 1e-4, "scheduler.params.warmup_num_steps": 100,
+                                     "scheduler.params.total_num_steps": given})
+    rates = route_checks.scheduled_rates(scheduled, 1000)
+    floor = 1e-4 * raw["scheduler"]["params"]["cos_min_ratio"]
+    return sum(rate == floor for rate in rates)
 
 
 @exercise("08.3", "zero3.json with warmup_min_ratio 0.1 instead of 0.0, labs train for 1000 steps: how many "
