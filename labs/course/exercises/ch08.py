@@ -10,8 +10,9 @@ from labs.course.exercises.registry import exercise
 
 @exercise("08.1", "You want 2**20 tokens per optimizer step at sequence 4096 with the Trainer on 2 nodes x 8 GPUs, "
           "TrainingArguments(per_device_train_batch_size=4) and ds_configs/zero3.json: what "
-          "gradient_accumulation_steps do you pass?", "steps", hint="tokens per step = sequence x train_batch_size, and "
-          "HF fills train_batch_size = ranks x micro-batch x accumulation, with the ranks of the whole job")
+          "gradient_accumulation_steps do you pass?", "steps",
+          hint="tokens per step = sequence x train_batch_size, and HF fills train_batch_size = ranks x micro-batch x "
+               "accumulation, with the ranks of the whole job")
 def _hf_accumulation():
     zero3 = config.load(CONFIGS / "zero3.json")
     for accumulation in range(1, 257):
