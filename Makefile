@@ -29,7 +29,7 @@ LOSS ?= $(if $(filter 1,$(GPU)),liger,hf)
 KERNELS ?= $(if $(filter 1,$(GPU)),liger,stock)
 CHECKPOINTING ?= $(if $(filter 1,$(GPU)),full,none)
 
-.PHONY: train test tests-stream chapters-stream unit notebooks book browser lab execute clean
+.PHONY: train train-run test tests-stream chapters-stream unit notebooks book browser lab execute clean
 
 # pip compiles every module it installs to bytecode (about 35 of the 77 s this takes on a 2-core VM): keep it. With
 # `--no-compile` (tried 2026-12-05) nothing was compiled where PYTHONDONTWRITEBYTECODE is set, as on this course's
@@ -52,7 +52,18 @@ $(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
 	  exit $$installed
 	touch $(STAMP)
 
+# GPU hosts also get requirements-gpu.txt (Liger Kernel: the GPU defaults' LOSS=liger KERNELS=liger); CPU machines,
+# CI's among them, never install it, and `make test` does not ask for it. GPU is read from .venv's torch when make
+# starts, before a fresh clone has a .venv: `train` builds it, then a second make reads GPU (and the knobs) again.
+GPU_STAMP := $(VENV)/.installed-gpu
+$(GPU_STAMP): requirements-gpu.txt $(STAMP)
+	$(PY) -m pip install -q -r requirements-gpu.txt
+	touch $(GPU_STAMP)
+
 train: $(STAMP)
+	$(MAKE) --no-print-directory train-run
+
+train-run: $(if $(filter 1,$(GPU)),$(GPU_STAMP),$(STAMP))
 	$(VENV)/bin/labs train --preset $(PRESET) --config $(CONFIG) --steps $(STEPS) --out $(OUT) \
 	  --loss $(LOSS) --kernels $(KERNELS) --activation-checkpointing $(CHECKPOINTING) $(if $(NPROC),--nproc $(NPROC))
 

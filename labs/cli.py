@@ -48,7 +48,8 @@ def _train_args(sub):
     p = sub.add_parser("train", help="launch a training run and wait for it", epilog=TRAIN_EXAMPLES,
                        description="Train a Qwen2-architecture model with DeepSpeed ZeRO (or FSDP2) on this host.",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", default="tiny", help=f"{' | '.join(models.PRESETS)} (default: tiny)")
+    p.add_argument("--preset", help=f"{' | '.join(models.PRESETS)}: the model's shape and the run's defaults "
+                                     "(default: tiny; from a model folder, the preset of its shape)")
     p.add_argument("--config", default=resolve.DEFAULT_CONFIG,
                    help="DeepSpeed JSON config: a path, or a file name in the course's ds_configs/ "
                         f"(default: {resolve.DEFAULT_CONFIG})")
@@ -98,7 +99,9 @@ def _train_args(sub):
     n.add_argument("--rdzv-timeout", type=positive_int, default=multinode.DEFAULT_RDZV_TIMEOUT_S,
                    help="seconds a node waits for the others before giving up (default: "
                         f"{multinode.DEFAULT_RDZV_TIMEOUT_S})")
-    n.add_argument("--hostfile", help="DeepSpeed hostfile, one 'HOST slots=N' per line: run DeepSpeed's launcher "
+    n.add_argument("--hostfile", help="DeepSpeed hostfile, one 'HOST slots=N' per line: run DeepSpeed's launcher, "
+                                       "here on the first host, which starts the others with pdsh over passwordless "
+                                       "ssh (run folder on a shared file system); with --node-rank, on each host "
                                        "(default: none, torchrun)")
     n.add_argument("--include", default="", help="DeepSpeed's NODE[:SLOT,...][@NODE...]: only these "
                                                        "(default: every host of the hostfile)")
@@ -204,9 +207,7 @@ def _dispatch(args, argv) -> int:
             print(f"done: node {nodes.node_rank}'s ranks finished; metrics and summary are in node 0's --out; "
                   f"this node's log and inputs: {run.path}")
             return 0
-        s = run.summary
-        print(f"done: {s['steps']} steps, loss {s['first_loss']:.3f} -> {s['final_loss']:.3f} (mean of last 5), "
-              f"{s['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU ({s['timing']}), run folder {run.path}")
+        print(done_line(run.summary, run.path))
         return 0
     if args.command == "export":
         from labs import export
@@ -245,6 +246,14 @@ def _dispatch(args, argv) -> int:
 
         return memory_cli.run(args)
     raise LabsError(f"unknown command {args.command}")
+
+
+def done_line(s: dict, path) -> str:
+    """A finished run in one line; its final loss is the mean of the last 5 steps' (labs.metrics), or of all."""
+    averaged = min(5, s["steps"])
+    final = f"mean of last {averaged}" if averaged > 1 else "one step"
+    return (f"done: {s['steps']} steps, loss {s['first_loss']:.3f} -> {s['final_loss']:.3f} ({final}), "
+            f"{s['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU ({s['timing']}), run folder {path}")
 
 
 def _write_slurm(args, argv) -> int:

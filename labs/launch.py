@@ -22,8 +22,8 @@ from pathlib import Path
 import torch
 
 from labs import config as config_lib
-from labs import (data, models, multinode, offload_copy, peers, preflight, prefork, rendezvous, resolve, runcache,
-                  runfolder, supervisor)
+from labs import (data, model_folder, models, multinode, offload_copy, peers, preflight, prefork, rendezvous, resolve,
+                  runcache, runfolder, supervisor)
 from labs import env as env_lib
 from labs import resume as resume_lib
 from labs.errors import LabsError, RankFailed, RunStopped, check_choice
@@ -53,7 +53,7 @@ def prepare(resume=None, **options):
     return spec, resolved
 
 
-def inputs(preset="tiny", config=resolve.DEFAULT_CONFIG, steps=30, out="runs/demo", nproc=None, model_path=None,
+def inputs(preset=None, config=resolve.DEFAULT_CONFIG, steps=30, out="runs/demo", nproc=None, model_path=None,
            seed=0, micro_batch=None, grad_accum=None, seq_len=None, lr=None, data_path=None, loss="hf",
            activation_checkpointing="none", warmup_steps=2, engine=None, stock=False, kernels="stock",
            precision=None, instruments=("state_bytes",), gpu_memory=None, memory_check=True, compile=False,
@@ -63,8 +63,10 @@ def inputs(preset="tiny", config=resolve.DEFAULT_CONFIG, steps=30, out="runs/dem
     80 GB card); `engine` None: FSDP2 when the config has an "fsdp" block, else DeepSpeed (labs.resolve.engine);
     `save_every` writes a checkpoint every that many steps and at the last (labs.checkpoint). `nodes`: a
     labs.multinode.Nodes, or None for this host alone. `device` "cpu": CPU ranks (gloo) even on a GPU host (the
-    ranks see no GPU); "cuda": GPU ranks or an error; None: one rank per GPU where there is one, else CPU ranks."""
-    models.check_preset(preset)
+    ranks see no GPU); "cuda": GPU ranks or an error; None: one rank per GPU where there is one, else CPU ranks.
+    `preset` None: "tiny", or with `model_path` the preset of the folder's shape (labs.model_folder.preset_of)."""
+    if preset is not None:
+        models.check_preset(preset)
     check_choice("loss", loss, models.LOSSES)
     check_choice("kernels", kernels, models.KERNELS)
     check_choice("attention backend", sdpa, models.ATTENTION)
@@ -94,6 +96,7 @@ def inputs(preset="tiny", config=resolve.DEFAULT_CONFIG, steps=30, out="runs/dem
         if value == GPU_ONLY[option] and not on_gpu:
             raise LabsError(f"--{option} {value}: Liger's Triton kernels need an NVIDIA GPU; on a CPU use "
                             f"--{option} {'chunked' if option == 'loss' else 'stock'}")
+    preflight.check_liger(loss, kernels)
     if nodes is not None and nodes.launcher == "deepspeed":     # the hostfile's slots are the ranks per node
         if nproc is not None and nproc != multinode.slots_per_host(nodes):
             raise LabsError(f"--nproc {nproc} but the hostfile gives {multinode.slots_per_host(nodes)} slots per host")
@@ -107,10 +110,13 @@ def inputs(preset="tiny", config=resolve.DEFAULT_CONFIG, steps=30, out="runs/dem
         raise LabsError("--save-every: labs checkpoints DeepSpeed runs; drop it or use a DeepSpeed config")
     if fp8 and (engine != "fsdp2" or not on_gpu):
         raise LabsError("fp8 (torchao float8 training) runs with --engine fsdp2 on a GPU with fp8 tensor cores")
-    dims = models.shape(preset)
+    dims = None
     if model_path is not None:
         model_path = str(models.check_model_path(model_path).resolve())
-        dims = preflight.check_model_folder(Path(model_path))
+        dims = model_folder.check(Path(model_path))
+        preset = preset or model_folder.preset_of(Path(model_path), dims)
+    preset = preset or "tiny"
+    dims = dims or models.shape(preset)
     models.checkpointed_layers(activation_checkpointing, dims["num_hidden_layers"])
     nproc = nproc or (torch.cuda.device_count() if on_gpu else 2)
     world_size = nodes.world_size(nproc) if nodes else nproc
@@ -212,8 +218,10 @@ def _train(spec, resolved, env, repairs, work: Path, out: Path, stream: bool, no
             if unmet and not list(work.glob("rank*.err")):
                 raise LabsError(f"{unmet}; launcher exit code {code}, nothing kept")
         first, _, trace = supervisor.failure_message(work, code, oom_before).partition("\n")
-        if nodes:
-            first += " (several nodes: a rank elsewhere may have failed first; see each node's output)"
+        if nodes:       # before "; its output ended:", which the log's tail follows on the next lines
+            head, ended, tail = first.partition("; its output ended:")
+            note = " (several nodes: a rank elsewhere may have failed first; see each node's output)"
+            first = f"{head}{note}{ended}{tail}"
         kept = resume_lib.keep_interrupted(work, out, first)
         raise RankFailed(f"{first}; {kept}\n{trace}".rstrip() if kept else f"{first}\n{trace}".rstrip())
     resume_lib.finish(work)

@@ -30,6 +30,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from labs import env
 from labs.errors import LabsError
 
 DEFAULT_PORT = 29500
@@ -156,6 +157,7 @@ def parse_hostfile(text: str, name: str = "hostfile") -> dict:
                             "(N: GPUs on that host)")
         if int(words[1].split("=")[1]) < 1:
             raise LabsError(f"{name} line {number} '{line}': slots must be at least 1")
+    env.name_deepspeed_accelerator()     # before DeepSpeed's first import, or it warns that it guessed the CPU
     from deepspeed.launcher.runner import _parse_hostfile
 
     try:

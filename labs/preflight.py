@@ -1,26 +1,26 @@
 """Checks that need more than a glance, run on the host before any rank starts (labs.launch.prepare calls them):
-the DeepSpeed config against DeepSpeed's own config classes, a local model folder against the architecture labs
-trains, and what the hardware can hold. Each failure is one LabsError line that names the key or path.
+the DeepSpeed config against DeepSpeed's own config classes, the GPU packages a run asks for, and what the hardware
+can hold (a model folder: labs.model_folder). Each failure is one LabsError line that names the key or path.
 """
 from __future__ import annotations
 
 import difflib
 import functools
-import json
+import importlib.util
 import math
 import os
 import sys
-from pathlib import Path
 
 import torch
 
-from labs import env, memory, models
+from labs import env, memory
 from labs.errors import LabsError
 
 # gloo ranks beyond two per core only thrash (measured on the 2-core CI machine: 4 ranks work, slowly).
 CPU_RANKS_PER_CORE = 2
 # Top-level keys labs itself reads (DeepSpeed ignores them): the FSDP2 engine's settings.
 LABS_KEYS = ("fsdp",)
+ZERO_STAGES = (0, 1, 2, 3)
 # DeepSpeed's pydantic sections, by the class name its validation errors carry.
 SECTIONS = {"DeepSpeedZeroConfig": "zero_optimization", "DeepSpeedZeroOffloadOptimizerConfig":
             "zero_optimization.offload_optimizer", "DeepSpeedZeroOffloadParamConfig": "zero_optimization.offload_param",
@@ -67,6 +67,9 @@ def check_ds_config(resolved: dict, source) -> None:
         error = exc.errors()[0]
         section = SECTIONS.get(exc.title, exc.title)
         key = ".".join([section] + [str(part) for part in error["loc"]])
+        if key == "zero_optimization.stage":        # DeepSpeed's own words: "Input should be 0, 1, 2, 3 or 3"
+            raise LabsError(f"config key '{key}' in '{source}' is {error.get('input')!r}; the ZeRO stages are "
+                            f"{', '.join(map(str, ZERO_STAGES))} (0: plain data parallelism)") from None
         raise LabsError(f"config key '{key}' in '{source}': {error['msg']} (got {error.get('input')!r})") from None
     except (AssertionError, ValueError, TypeError, KeyError) as exc:
         raise LabsError(f"config '{source}' is refused by DeepSpeed: {str(exc).splitlines()[0]}") from None
@@ -140,52 +143,14 @@ class _RecordedKeys:
         return len(self.config)
 
 
-def check_model_folder(path: Path) -> dict:
-    """A local Hugging Face folder labs can train: a Qwen2 config, and weights whose names and shapes match it
-    (read from the safetensors headers, no tensor loaded). Returns the model's dims."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    try:
-        raw = json.loads((path / "config.json").read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise LabsError(f"--model-path '{path}': config.json is not valid JSON ({exc})") from None
-    if raw.get("model_type") != "qwen2":
-        raise LabsError(f"--model-path '{path}' holds a '{raw.get('model_type')}' model; labs trains the Qwen2 "
-                        "architecture (model_type 'qwen2': Qwen1.5, Qwen2, Qwen2.5)")
-    config = AutoConfig.from_pretrained(path)
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        other = sorted(p.name for p in path.glob("*.bin"))
-        raise LabsError(f"--model-path '{path}' has no *.safetensors weights" +
-                        (f" (found {other[0]}: convert it with save_pretrained(safe_serialization=True))"
-                         if other else ""))
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
-    if config.tie_word_embeddings:
-        expected.pop("lm_head.weight", None)
-    found = _safetensors_shapes(files)
-    for name, shape in expected.items():
-        if name not in found:
-            raise LabsError(f"--model-path '{path}': weight '{name}' is missing from {', '.join(f.name for f in files)}")
-        if found[name] != shape:
-            raise LabsError(f"--model-path '{path}': weight '{name}' has shape {list(found[name])}, but config.json "
-                            f"says {list(shape)}")
-    return models.shape(config)
-
-
-def _safetensors_shapes(files) -> dict:
-    from safetensors import safe_open
-
-    shapes = {}
-    for file in files:
-        try:
-            with safe_open(str(file), framework="pt") as f:
-                for name in f.keys():
-                    shapes[name] = tuple(f.get_slice(name).get_shape())
-        except Exception as exc:        # a truncated or foreign file: the library's own words
-            raise LabsError(f"--model-path: '{file}' is not a readable safetensors file ({exc})") from None
-    return shapes
+def check_liger(loss: str, kernels: str) -> None:
+    """Liger's loss or kernels need the liger-kernel package, which only GPU hosts install (requirements-gpu.txt):
+    checked here, where the ranks would fail only after building the model."""
+    asked = [f"--{flag} liger" for flag, value in (("loss", loss), ("kernels", kernels)) if value == "liger"]
+    if asked and importlib.util.find_spec("liger_kernel") is None:
+        raise LabsError(f"{' and '.join(asked)}: Liger Kernel is not installed in this environment: "
+                        f"`{sys.executable} -m pip install -r requirements-gpu.txt` (liger-kernel), or "
+                        "--loss hf/chunked and --kernels stock")
 
 
 def check_positive(name: str, value, kind=int):

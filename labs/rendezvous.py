@@ -1,7 +1,8 @@
 """The meeting point of a multi-node run, checked before any rank starts, and a failed meeting named after it.
 
     rendezvous.check_endpoint(nodes)     # node 0: the endpoint is this host and its port is free;
-                                         # node K: wait (at most nodes.rdzv_timeout s) until node 0 answers
+                                         # node K: wait (at most nodes.rdzv_timeout s) until node 0 answers;
+                                         # DeepSpeed's hostfile runner: pdsh installed, --master-addr this host
     rendezvous.wait_for_endpoint("node0", 29500, timeout_s=5)
     rendezvous.free_port()               # a port for a launcher on this host (emulated nodes, chapter 8's routes)
 
@@ -10,6 +11,7 @@ An unreachable rendezvous is bad input: one LabsError line within the timeout, n
 from __future__ import annotations
 
 import re
+import shutil
 import socket
 import time
 
@@ -26,29 +28,58 @@ def free_port() -> int:
 
 def check_endpoint(nodes: Nodes) -> None:
     """Bounded checks of the meeting point before any rank starts. Node 0 must be the endpoint's host, with the
-    port free; every other node waits (at most rdzv_timeout seconds) for the port to answer."""
+    port free; every other node waits (at most rdzv_timeout seconds) for the port to answer. DeepSpeed's runner
+    starting every host from here (a hostfile, no node rank): rank 0 runs here, so --master-addr must be this host,
+    and the runner's launcher for the hosts (pdsh) must be installed. No ssh connection is tried."""
+    address_flag = flags(nodes)[0]
+    from_here = nodes.launcher == "deepspeed" and nodes.node_rank is None
+    if from_here and shutil.which(REMOTE_LAUNCHER) is None:
+        raise LabsError(f"--hostfile: DeepSpeed's launcher starts every host's ranks with {REMOTE_LAUNCHER}, which is "
+                        f"not installed here: install it (e.g. `apt-get install {REMOTE_LAUNCHER}`) with passwordless "
+                        "ssh to every host, or run `labs train` on each host with --node-rank K (no ssh)")
     try:
         addresses = {info[4][0] for info in socket.getaddrinfo(nodes.host, nodes.port, type=socket.SOCK_STREAM)}
     except socket.gaierror as exc:
-        raise LabsError(f"rendezvous host '{nodes.host}' does not resolve here ({exc.strerror}): give node 0's "
+        raise LabsError(f"{address_flag} host '{nodes.host}' does not resolve here ({exc.strerror}): give node 0's "
                         "name or IP address") from None
-    if nodes.node_rank == 0:
+    if nodes.node_rank == 0 or from_here:
         _check_can_listen(nodes, addresses)
     elif nodes.node_rank:
         wait_for_endpoint(nodes.host, nodes.port, nodes.rdzv_timeout)
 
 
+# DeepSpeed's runner reaches the other hosts with pdsh unless told otherwise (its --launcher; labs never tells it)
+REMOTE_LAUNCHER = "pdsh"
+
+
+def flags(nodes: Nodes) -> tuple[str, str]:
+    """The flags the user typed for the meeting point's address and port: torchrun's or DeepSpeed's."""
+    if nodes.launcher == "deepspeed":
+        return "--master-addr", "--master-port"
+    return "--rdzv-endpoint", "--rdzv-endpoint"
+
+
 def _check_can_listen(nodes: Nodes, addresses: set) -> None:
     """One of the endpoint's addresses is this host's (a name may also resolve to addresses elsewhere, e.g. IPv6),
     and its port is free."""
+    port_flag = flags(nodes)[1]
     if not any(_bindable(address) for address in addresses):
-        raise LabsError(f"--node-rank 0 runs where the rendezvous is, but {nodes.host} ({', '.join(sorted(addresses))})"
-                        " is not this host: run node 0 on it, or name this host in --rdzv-endpoint")
+        where = f"{nodes.host} ({', '.join(sorted(addresses))})"
+        if nodes.node_rank is None:
+            first = next(iter(nodes.hosts), "the hostfile's first host")
+            raise LabsError(f"--master-addr {where} is not this host: with --hostfile, rank 0 runs on the first host "
+                            f"({first}); run `labs train` there and give its address as --master-addr")
+        if nodes.launcher == "deepspeed":
+            raise LabsError(f"--node-rank 0 is where rank 0 runs, but --master-addr {where} is not this host: run "
+                            "node 0 there, or give this host's address as --master-addr")
+        raise LabsError(f"--node-rank 0 runs where the rendezvous is, but {where} is not this host: run node 0 on it, "
+                        "or name this host in --rdzv-endpoint")
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         try:
             probe.bind(("", nodes.port))
         except OSError:
-            raise LabsError(f"--rdzv-endpoint {nodes.endpoint}: port {nodes.port} is in use on this host; choose "
+            shown = nodes.endpoint if port_flag == "--rdzv-endpoint" else nodes.port
+            raise LabsError(f"{port_flag} {shown}: port {nodes.port} is in use on this host; choose "
                             "another port (the same on every node)") from None
 
 

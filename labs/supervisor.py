@@ -144,7 +144,11 @@ def failure_message(work: Path, code: int, oom_kills_before: int | None) -> str:
     if failures:
         rank = min(failures)
         return f"rank {rank} exited with code {failures[rank]} (launcher exit code {code})"
-    return f"the launcher exited with code {code} before any rank reported an error; its output ended:\n{log[-4000:]}"
+    # The launcher's own error, if it raised one (DeepSpeed's runner: a host not reachable by ssh), on the first line
+    raised = re.findall(r"(?m)^(\w+(?:Error|Exception): .+)$", log)
+    said = f": {raised[-1].strip()}" if raised else ""
+    return (f"the launcher exited with code {code} before any rank reported an error{said}; its output ended:\n"
+            f"{log[-4000:]}")
 
 
 def oom_kills() -> int | None:

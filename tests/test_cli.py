@@ -42,6 +42,15 @@ def test_missing_model_path(tmp_path):
                                                                             tmp_path / "weights")
 
 
+def test_done_line_says_how_many_steps_it_averaged():
+    from labs.cli import done_line
+
+    summary = dict(first_loss=12.0, final_loss=11.5, tokens_per_s_per_gpu=1000, timing="median")
+    assert "-> 11.500 (mean of last 3)," in done_line(dict(summary, steps=3), "runs/x")
+    assert "(mean of last 5)" in done_line(dict(summary, steps=30), "runs/x")
+    assert "(one step)" in done_line(dict(summary, steps=1), "runs/x")
+
+
 def test_unknown_flag(tmp_path):
     assert "unrecognized arguments: --stpes" in _bad(tmp_path, "--stpes", "3")
 

@@ -161,6 +161,54 @@ def test_node_zero_must_hold_the_endpoint_with_a_free_port():
     rendezvous.check_endpoint(multinode.torchrun_nodes(2, 0, f"127.0.0.1:{rendezvous.free_port()}"))    # passes
 
 
+def test_deepspeed_hostfile_mode_checks_pdsh_and_that_master_addr_is_this_host(tmp_path, monkeypatch):
+    """`labs train --hostfile` (no --node-rank) starts every host from here through DeepSpeed's runner: without pdsh,
+    or with a --master-addr elsewhere (rank 0 runs here), it failed in DeepSpeed's runner with a 126-line traceback.
+    Refused before any rank starts, naming the flag typed (--master-addr/--master-port, not torchrun's)."""
+    path = _hostfile(tmp_path, "node0 slots=2\nnode1 slots=2\n")
+    monkeypatch.setattr(rendezvous.shutil, "which", lambda name: None)
+    with pytest.raises(LabsError, match="starts every host's ranks with pdsh, which is not installed here"):
+        rendezvous.check_endpoint(multinode.deepspeed_nodes(path, master_addr="127.0.0.1"))
+    rendezvous.check_endpoint(multinode.deepspeed_nodes(path, master_addr="127.0.0.1", node_rank=0,
+                                                        master_port=rendezvous.free_port()))   # --no_ssh: no pdsh
+    monkeypatch.setattr(rendezvous.shutil, "which", lambda name: f"/usr/bin/{name}")
+    with pytest.raises(LabsError, match=r"--master-addr 192.0.2.1 \(192.0.2.1\) is not this host: with --hostfile, "
+                                        r"rank 0 runs on the first host \(node0\)"):
+        rendezvous.check_endpoint(multinode.deepspeed_nodes(path, master_addr="192.0.2.1"))
+    with pytest.raises(LabsError, match=r"--node-rank 0 is where rank 0 runs, but --master-addr 192.0.2.1 .* as --master-addr$"):
+        rendezvous.check_endpoint(multinode.deepspeed_nodes(path, master_addr="192.0.2.1", node_rank=0))
+    with socket.socket() as taken:
+        taken.bind(("", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(LabsError, match=f"--master-port {port}: port {port} is in use on this host"):
+            rendezvous.check_endpoint(multinode.deepspeed_nodes(path, master_addr="127.0.0.1", master_port=port))
+    rendezvous.check_endpoint(multinode.deepspeed_nodes(path, master_addr="127.0.0.1",
+                                                        master_port=rendezvous.free_port()))      # passes
+
+
+def test_hostfile_refusal_is_the_only_output(tmp_path):
+    """The --node-rank refusal came after DeepSpeed's "Setting accelerator to CPU" warning (the hostfile's parser
+    imported DeepSpeed before labs named the accelerator) and named torchrun's --rdzv-endpoint."""
+    path = _hostfile(tmp_path, "node0 slots=1\nnode1 slots=1\n")
+    result = run_labs("train", "--out", tmp_path / "run", "--hostfile", path, "--node-rank", 0, "--master-addr",
+                      "192.0.2.1", "--steps", 2, timeout=120)
+    assert result.returncode == 2 and result.stdout == "", result.stdout
+    assert result.stderr.count("\n") == 1 and "as --master-addr" in result.stderr and "rdzv" not in result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_launcher_that_fails_before_any_rank_says_why_on_the_first_line(tmp_path):
+    from labs import supervisor
+
+    (tmp_path / "launch.log").write_text(
+        "Traceback (most recent call last):\n  File \"runner.py\", line 491, in main\nRuntimeError: Using hostfile "
+        "at h but host=node0 was not reachable via ssh. If you are running with a single node ...\n")
+    first = supervisor.failure_message(tmp_path, 1, None).splitlines()[0]
+    assert first.startswith("the launcher exited with code 1 before any rank reported an error: RuntimeError: Using "
+                            "hostfile at h but host=node0 was not reachable via ssh") and "; its output ended:" in first
+
+
 def test_a_missing_node_is_named_from_the_launcher_log():
     log = "torch.distributed.DistStoreError: Timed out after 6 seconds waiting for clients. 1/2 clients joined."
     assert rendezvous.rendezvous_failure(log).startswith("only 1 of 2 nodes came to the rendezvous")

@@ -157,7 +157,8 @@ def test_misspelt_top_level_key(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("changes, message", [
-    (dict(zero_optimization__stage=5), "config key 'zero_optimization.stage'"),
+    (dict(zero_optimization__stage=5), "config key 'zero_optimization.stage' in "),
+    (dict(zero_optimization__stage=5), "is 5; the ZeRO stages are 0, 1, 2, 3 (0: plain data parallelism)"),
     (dict(zero_optimization__overlap_com=True), "config key 'zero_optimization.overlap_com'"),
     (dict(zero_optimization__reduce_bucket_size="big"), "config key 'zero_optimization.reduce_bucket_size'"),
     (dict(optimizer__type="AdamWW"), "did you mean 'AdamW'?"),
@@ -224,6 +225,72 @@ def test_model_folders_labs_cannot_train(tmp_path, capsys):
     for weights in (tmp_path / "reshaped").glob("*.safetensors"):
         weights.unlink()
     assert "has no *.safetensors weights" in _refused(tmp_path, capsys, "--model-path", reshaped)
+
+
+def _saved(folder, **config_changes):
+    """A tiny-preset model with some of its config changed, saved with weights of that shape."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from labs import models
+
+    config = models.qwen2_config("tiny")
+    for key, value in config_changes.items():
+        setattr(config, key, value)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    return folder
+
+
+def test_a_model_folder_with_a_smaller_vocabulary_than_qwens_tokenizer(tmp_path, capsys):
+    """labs feeds every model Qwen's BPE ids, up to <|endoftext|> (151,643): a smaller embedding table passed the
+    folder checks and failed in every rank with an IndexError."""
+    small = _saved(tmp_path / "small_vocab", vocab_size=32000)
+    capsys.readouterr()
+    line = _refused(tmp_path, capsys, "--model-path", small, "--preset", "tiny")
+    assert "config.json's vocab_size is 32000" in line and "ids up to 151,643 (<|endoftext|>)" in line
+
+
+def test_model_path_without_preset_takes_the_folders_preset_or_is_refused(tmp_path, capsys, monkeypatch):
+    """--model-path without --preset used the tiny preset's defaults (seq_len 64, lr 5e-3) for any folder: now the
+    preset of the folder's shape, and a folder of no preset's shape needs --preset."""
+    from labs import launch, model_folder, models
+
+    assert {name: model_folder.preset_of(tmp_path, models.shape(name)) for name in models.PRESETS} == \
+        {name: name for name in models.PRESETS}
+    released = dict(models.shape("qwen2.5-7b"), max_position_embeddings=131072)     # Qwen2.5-7B's own config.json
+    assert model_folder.preset_of(tmp_path, released) == "qwen2.5-7b"
+    wider = _saved(tmp_path / "wider", intermediate_size=256)
+    capsys.readouterr()
+    assert "has no preset's shape: give --preset" in _refused(tmp_path, capsys, "--model-path", wider)
+    spec, _ = launch.prepare(model_path=str(wider), preset="tiny", out=str(tmp_path / "run"), steps=2)
+    assert spec["preset"] == "tiny" and spec["dims"]["intermediate_size"] == 256
+    monkeypatch.setattr(model_folder, "check", lambda path: models.shape("qwen2.5-7b"))   # a 7B folder's dims
+    spec, resolved = launch.prepare(model_path=str(wider), out=str(tmp_path / "run"), steps=2, memory_check=False)
+    assert spec["preset"] == "qwen2.5-7b" and spec["seq_len"] == 4096 and resolved["optimizer"]["params"]["lr"] == 1e-4
+    assert not (tmp_path / "run").exists()
+
+
+def test_liger_asked_for_where_liger_kernel_is_not_installed(tmp_path, monkeypatch):
+    """On a GPU host without requirements-gpu.txt (`make train` used to skip it), --loss/--kernels liger failed in
+    every rank after the model was built: refused before, naming what to install."""
+    import importlib.util
+
+    import torch
+
+    from labs import launch, preflight
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "liger_kernel" else real(name, *a))
+    preflight.check_liger("hf", "stock")                                         # not asked for: nothing to check
+    with pytest.raises(LabsError, match=r"--loss liger and --kernels liger: Liger Kernel is not installed .*"
+                                        r"-m pip install -r requirements-gpu.txt"):
+        preflight.check_liger("liger", "liger")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)               # a GPU host, as launch sees it
+    with pytest.raises(LabsError, match="--kernels liger: Liger Kernel is not installed"):
+        launch.prepare(kernels="liger", out=str(tmp_path / "run"), steps=2)
+    assert not (tmp_path / "run").exists()
 
 
 # ------------------------------------------------------------------------------------------ --out
