@@ -175,7 +175,8 @@ def test_deepspeed_hostfile_mode_checks_pdsh_and_that_master_addr_is_this_host(t
     with pytest.raises(LabsError, match=r"--master-addr 192.0.2.1 \(192.0.2.1\) is not this host: with --hostfile, "
                                         r"rank 0 runs on the first host \(node0\)"):
         rendezvous.check_endpoint(multinode.deepspeed_nodes(path, master_addr="192.0.2.1"))
-    with pytest.raises(LabsError, match=r"--node-rank 0 is where rank 0 runs, but --master-addr 192.0.2.1 .* as --master-addr$"):
+    refused = r"--node-rank 0 is where rank 0 runs, but --master-addr 192.0.2.1 .* as --master-addr$"
+    with pytest.raises(LabsError, match=refused):
         rendezvous.check_endpoint(multinode.deepspeed_nodes(path, master_addr="192.0.2.1", node_rank=0))
     with socket.socket() as taken:
         taken.bind(("", 0))
