@@ -1,7 +1,8 @@
 """Checkpoints end to end, on real 2-rank runs of the tiny preset: a rank killed mid-run and a crash during a save,
 each resumed from the last complete checkpoint and reproducing the logged losses exactly (ZeRO-3 and ZeRO-2); a
 2-rank ZeRO-3 checkpoint resumed on 1 rank through the universal checkpoint; the export reloaded by transformers
-with the engine's logits. Five launches serve every test here (module fixtures)."""
+with the engine's logits; the universal copy's bytes per parameter at ZeRO-2 and ZeRO-3. Six launches serve
+every test here (module fixtures and one 1-rank run)."""
 import json
 
 import pytest
@@ -107,6 +108,30 @@ def test_export_reloads_in_transformers_with_the_engine_logits(zero3_killed, tmp
     provenance = json.loads((tmp_path / "hf" / export.PROVENANCE).read_text())
     assert provenance["step"] == 4 and provenance["dtype"] == "bf16"
 
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_the_universal_copy_holds_what_expected_bytes_per_param_says(stage, zero3_killed, tmp_path):
+    """DeepSpeed 0.19.8's ds_to_universal, measured: at ZeRO-3 it copies rank 0's optimizer file whole (12 x
+    (1 + 1/N) bytes per parameter); at ZeRO-1/2 it drops the partitions from the common state and copies the
+    model-states file (bf16 module) instead: 14, plus the tied output layer written again in fp32, whatever N.
+    The ZeRO-2 checkpoint comes from 1 rank, where 12 x (1 + 1/N) would say 24."""
+    from labs import resume
+
+    if stage == 3:
+        path = zero3_killed["resumed"].path / "checkpoints" / "step00000004"
+    else:
+        run = launch.run(preset="tiny", config="zero2.json", steps=1, save_every=1, nproc=1, out=tmp_path / "z2",
+                         stream=False)
+        path = checkpoint.complete(run.path)[-1]
+    resume.to_universal(path, tmp_path / "universal")
+    [row] = checkpoints.universal_rows([(path, tmp_path / "universal")])
+    assert row["stage"] == stage and row["tied"] > 0.9            # the tiny model's embedding is nearly all of it
+    assert abs(row["per_param"] - row["expected_per_param"]) < 0.05, row
+    if stage == 2:
+        assert row["ranks"] == 1 and abs(row["per_param"] - row["zero3_formula"]) > 5, row
+    no_tie = checkpoints.expected_bytes_per_param(stage, 8)["universal checkpoint"]
+    assert no_tie == (12 * (1 + 1 / 8) if stage == 3 else 14)
 
 # ------------------------------------------------------------------------------------------ no launch
 def test_a_checkpoint_with_a_short_file_is_not_complete(tmp_path):

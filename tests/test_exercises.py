@@ -21,8 +21,9 @@ from labs.course import exercises
     ("08.3", 1, 2),                                 # the first step's 0 is DeepSpeed's, not the warm-up's
     ("08.4", 2 ** -7, 2 ** -6),                     # half a bf16 step near 2.7, not a whole one
     ("05.1", 0.766, 0.383),                          # 28 layers x 2 x 3584 bytes x 4096 tokens, not one byte each
-    ("05.2", 106.6, 91.4),                           # ZeRO-2 adds the bf16 module: 14 bytes, not ZeRO-3's 12
-    ("05.3", 150, 0),
+    # ZeRO-2: 14 bytes in the checkpoint and 14 in its universal copy, not ZeRO-3's 12 and 12 x (1 + 1/8)
+    ("05.2", (14 + 14) * 7_615_616_512 / 1e9, (12 + 12 * (1 + 1 / 8)) * 7_615_616_512 / 1e9),
+    ("05.3", 700 + 400 + 100, 1000 + 100),           # the last step's save is the one cut: the resume starts at 900
     ("05.4", 23.0, 24.9),                            # Qwen2.5-7B (GQA, 28 layers), not Qwen-7B's 24.9
     ("09.7", (74.1 + 98.4) / 2, 98.4 * 3 / 4),     # one more sequence's activations, not 3/4 of the whole peak
     ("09.8", 2 * 7_615_616_512 / 4 / 2**30, 2 * 7_615_616_512 / 2**30),   # a quarter of the model, not all of it

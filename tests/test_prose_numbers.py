@@ -37,7 +37,6 @@ ALLOWED = {
     ("01_memory_math", "14GB"): DS_CHAPTER + " (optimizer states in CPU memory)",
     ("03_offload", "30%"): SEEDS_30_50 + " (offload's slowdown)",
     ("05_checkpointing", "30%"): SEEDS_30_50 + " (activation memory saved by checkpointing)",
-    ("05_checkpointing", "64GiB"): "hardware: the 1-GPU host's free disk, the 'machine' field of results/gpu/checkpoints/*.json",
     ("05_checkpointing", "1,000"): "an exercise's premise (a 1,000-step run)",
     ("06_multi_node", "30s"): "a setting: the hang probe's timeout, timeout_s=30 in the cell",
     ("06_multi_node", "25GB/s"): "a setting: the slow network the sweep assumes, inter_gbps=25 in the cell",

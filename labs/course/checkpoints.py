@@ -70,47 +70,97 @@ def bf16_steps(x: torch.Tensor, n: int) -> float:
 
 
 # ---------------------------------------------------------------------------------------------- sizes
-def expected_bytes_per_param(stage: int, ranks: int = 1) -> dict:
+def tied_share(dims: dict) -> float:
+    """The share of a model's parameters in an output layer tied to the input embedding (0 when untied)."""
+    if not dims.get("tie_word_embeddings"):
+        return 0.0
+    return dims["vocab_size"] * dims["hidden_size"] / models.param_counts(dims)["total"]
+
+
+def expected_bytes_per_param(stage: int, ranks: int = 1, tied: float = 0.0) -> dict:
     """Chapter 1's bytes per parameter (labs.memory) for each format a ZeRO run with Adam and bf16 can write
-    (`ranks`: how many wrote the checkpoint; only the universal copy depends on it)."""
+    (`ranks`: how many wrote the checkpoint; `tied`: tied_share of the model). Only the universal copy depends on
+    them, and on the stage, as DeepSpeed 0.19.8's ds_to_universal writes it: every parameter's fp32 weights and
+    moments whole, plus
+    - ZeRO-3 (_save_optimizer_state_stage3): rank 0's optimizer file copied whole as the common state, so its
+      partition again (12 / ranks);
+    - ZeRO-1/2 (_save_optimizer_state): the common state without the partitions (a few KiB), and the model-states
+      file copied (the bf16 module, 2); a tied output layer has no optimizer state of its own, so the converter
+      writes its weight again, in fp32, from the module (4 x tied)."""
     bf16, fp32, adam = memory.DTYPE_BYTES["bf16"], memory.DTYPE_BYTES["fp32"], memory.OPTIMIZERS["adamw"]
-    return {"DeepSpeed checkpoint (every rank's files)": fp32 + adam + (bf16 if stage < 3 else 0),
-            "universal checkpoint": (fp32 + adam) * (1 + 1 / ranks), "16-bit model (save_16bit_model)": bf16,
+    states = fp32 + adam
+    universal = states * (1 + 1 / ranks) if stage >= 3 else states + bf16 + fp32 * tied
+    return {"DeepSpeed checkpoint (every rank's files)": states + (bf16 if stage < 3 else 0),
+            "universal checkpoint": universal, "16-bit model (save_16bit_model)": bf16,
             "Hugging Face export, fp32 (zero_to_fp32)": fp32, "Hugging Face export, bf16": bf16}
 
 
-WHY = {"DeepSpeed checkpoint (every rank's files)": "fp32 master weights + Adam's two moments, every rank's "
-       "partition; ZeRO-1/2 add the bf16 module weights (rank 0), ZeRO-3 only their shapes",
-       "universal checkpoint": "the same fp32 weights and moments, one folder per parameter, whole; plus rank 0's "
-       "optimizer file copied whole as the 'common' state (DeepSpeed 0.19.8): 12/N more",
-       "16-bit model (save_16bit_model)": "the bf16 weights ZeRO-3 gathers on save",
-       "Hugging Face export, fp32 (zero_to_fp32)": "the fp32 master weights, consolidated",
-       "Hugging Face export, bf16": "the master weights rounded to what the run computed with"}
+def why(stage: int) -> dict:
+    """What each format holds, for a checkpoint written at `stage`."""
+    universal = ("the fp32 weights and moments, whole, one folder per parameter; plus rank 0's optimizer file, "
+                 "copied whole as the 'common' state: 12/N more" if stage >= 3 else
+                 "the fp32 weights and moments, whole, one folder per parameter; plus the model-states file (the "
+                 "bf16 module) and a tied output layer's weight again in fp32")
+    return {"DeepSpeed checkpoint (every rank's files)": "fp32 master weights + Adam's two moments, every rank's "
+            "partition; " + ("the bf16 weights only as shapes" if stage >= 3 else "the bf16 module (rank 0)"),
+            "universal checkpoint": universal,
+            "16-bit model (save_16bit_model)": "the bf16 weights ZeRO-3 gathers on save",
+            "Hugging Face export, fp32 (zero_to_fp32)": "the fp32 master weights, consolidated",
+            "Hugging Face export, bf16": "the master weights rounded to what the run computed with"}
 
 
 def size_rows(path: Path, exports: dict, universal: Path | None = None, preset_7b="qwen-7b",
               ranks_7b=8) -> list[dict]:
     """Bytes on disk of each format of the checkpoint at `path` (exports: {"fp32": folder, "bf16": folder}), per
-    parameter, next to chapter 1's bytes per parameter, and what that means for a 7B model on `ranks_7b` GPUs."""
+    parameter, next to chapter 1's bytes per parameter, and what that means for `preset_7b` on `ranks_7b` GPUs
+    (same stage). `other_bytes`: what the files hold beyond the expected bytes (metadata), over `files` files."""
     manifest = checkpoint.manifest(path)
     params = models.param_counts(manifest["dims"])["total"]
-    params_7b = models.param_counts(models.shape(preset_7b))["total"]
-    expected = expected_bytes_per_param(manifest["zero_stage"], manifest["world_size"])
-    expected_7b = expected_bytes_per_param(manifest["zero_stage"], ranks_7b)
-    deepspeed = sum(size for name, size in manifest["files"].items()
-                    if name.endswith("_states.pt"))
-    measured = {"DeepSpeed checkpoint (every rank's files)": deepspeed,
-                "universal checkpoint": _folder_bytes(universal) if universal else None,
-                "16-bit model (save_16bit_model)": manifest["files"].get(checkpoint.SIXTEEN_BIT),
-                "Hugging Face export, fp32 (zero_to_fp32)": _weights_bytes(exports.get("fp32")),
-                "Hugging Face export, bf16": _weights_bytes(exports.get("bf16"))}
-    return [dict(format=name, measured_bytes=measured[name], per_param=measured[name] / params if measured[name]
-                 else None, expected_per_param=expected[name], bytes_7b=expected_7b[name] * params_7b, why=WHY[name])
-            for name in expected]
+    dims_7b = models.shape(preset_7b)
+    params_7b = models.param_counts(dims_7b)["total"]
+    stage = manifest["zero_stage"]
+    expected = expected_bytes_per_param(stage, manifest["world_size"], tied_share(manifest["dims"]))
+    expected_7b = expected_bytes_per_param(stage, ranks_7b, tied_share(dims_7b))
+    deepspeed = {name: size for name, size in manifest["files"].items() if name.endswith("_states.pt")}
+    universal_files = [p for p in Path(universal).rglob("*") if p.is_file()] if universal else []
+    files = {"DeepSpeed checkpoint (every rank's files)": list(deepspeed.values()),
+             "universal checkpoint": [p.stat().st_size for p in universal_files],
+             "16-bit model (save_16bit_model)": [manifest["files"][checkpoint.SIXTEEN_BIT]]
+             if checkpoint.SIXTEEN_BIT in manifest["files"] else [],
+             "Hugging Face export, fp32 (zero_to_fp32)": _weights_sizes(exports.get("fp32")),
+             "Hugging Face export, bf16": _weights_sizes(exports.get("bf16"))}
+    rows = []
+    for name, holds in why(stage).items():
+        measured = sum(files[name]) or None
+        rows.append(dict(format=name, measured_bytes=measured, files=len(files[name]),
+                         per_param=measured / params if measured else None, expected_per_param=expected[name],
+                         other_bytes=measured - round(expected[name] * params) if measured else None,
+                         bytes_7b=expected_7b[name] * params_7b, why=holds))
+    return rows
 
 
-def _weights_bytes(folder) -> int | None:
-    return sum(p.stat().st_size for p in Path(folder).glob("*.safetensors")) if folder else None
+def universal_rows(checkpoints_and_copies, preset_7b="qwen-7b", ranks_7b=8) -> list[dict]:
+    """For each (checkpoint folder, its universal copy): the stage and ranks that wrote it, the universal copy's
+    measured bytes per parameter, expected_bytes_per_param's, and 12 x (1 + 1/N), which holds for ZeRO-3 only;
+    and `preset_7b`'s copy at that stage from `ranks_7b` GPUs, per parameter and in bytes."""
+    dims_7b = models.shape(preset_7b)
+    params_7b = models.param_counts(dims_7b)["total"]
+    rows = []
+    for path, universal in checkpoints_and_copies:
+        manifest = checkpoint.manifest(path)
+        stage, ranks, dims = manifest["zero_stage"], manifest["world_size"], manifest["dims"]
+        per_param_7b = expected_bytes_per_param(stage, ranks_7b, tied_share(dims_7b))["universal checkpoint"]
+        rows.append(dict(stage=stage, ranks=ranks, tied=tied_share(dims),
+                         per_param=_folder_bytes(universal) / models.param_counts(dims)["total"],
+                         expected_per_param=expected_bytes_per_param(stage, ranks, tied_share(dims))
+                         ["universal checkpoint"],
+                         zero3_formula=(memory.DTYPE_BYTES["fp32"] + memory.OPTIMIZERS["adamw"]) * (1 + 1 / ranks),
+                         per_param_7b=per_param_7b, bytes_7b=per_param_7b * params_7b))
+    return rows
+
+
+def _weights_sizes(folder) -> list[int]:
+    return [p.stat().st_size for p in sorted(Path(folder).glob("*.safetensors"))] if folder else []
 
 
 def _folder_bytes(folder: Path) -> int:
@@ -122,6 +172,21 @@ def gpu_results() -> list[dict]:
     """Recorded save/resume timings (results/gpu/checkpoints/), oldest first, each with its file name."""
     return [dict(json.loads(p.read_text()), file=str(p.relative_to(RESULTS.parent)))
             for p in sorted(GPU_RESULTS.glob("checkpoint_*.json"))]
+
+
+def superseded_by_method(result: dict) -> list[str]:
+    """How a recorded timing falls short of time_save_resume's current method (empty when it does not)."""
+    return ((["its save was timed before the fsync"] if "fsync_seconds" not in result else []) +
+            (["its load may have read the page cache"] if "cold_load=True" not in result.get("command", "") else []))
+
+
+def projection(result: dict, preset="qwen2.5-7b") -> dict:
+    """`preset`'s checkpoint at the recorded bytes per parameter, and its save and load at the recorded rates
+    (a projection: the same disk, the same stage, time proportional to bytes)."""
+    params = models.param_counts(models.shape(preset))["total"]
+    size = result["checkpoint_bytes"] / result["params"] * params
+    return dict(preset=preset, params=params, bytes=size, save_seconds=size / 1e9 / result["save_gb_per_s"],
+                load_seconds=size / 1e9 / result["load_gb_per_s"])
 
 
 def gpu_timing_blocker(out, preset="qwen2.5-7b", config="zero3.json", steps=2, **options) -> str | None:

@@ -215,13 +215,17 @@ def recompute_tradeoff(measured: list[dict], predicted_7b: list[dict], ax=None,
     and, for a 7B model, from labs.memory and the FLOP formula (recompute.qwen7b_rows)."""
     ax = ax or plt.subplots(figsize=(6, 3.8))[1]
     x = [100 * r["extra_compute"] for r in measured]
-    ax.plot(x, [100 * r["saved_fraction"] for r in measured], marker="o", color="#2a7", label="tiny layers, measured")
-    for row, xi in zip(measured, x):
-        ax.annotate(f"k={row['k']}", (xi, 100 * row["saved_fraction"]), fontsize=7, xytext=(4, 2),
-                    textcoords="offset points")
+    y = [100 * r["saved_fraction"] for r in measured]
+    ax.plot(x, y, marker="o", color="#2a7", label=f"tiny layers, measured (k of {measured[-1]['k']})")
+    for row, xi, yi in zip(measured, x, y):       # below left, off the falling line; the 7B labels go above right
+        ax.annotate(f"k={row['k']}", (xi, yi), fontsize=7, xytext=(-5, -11), textcoords="offset points",
+                    ha="right", color="#2a7")
     base = predicted_7b[0]["decoder_bytes"]
-    ax.plot([100 * r["extra_compute"] for r in predicted_7b], [100 * r["decoder_bytes"] / base for r in predicted_7b],
-            marker="s", ls="--", color="#c62", label="Qwen-7B: labs.memory bytes, formula FLOPs")
+    x7, y7 = [100 * r["extra_compute"] for r in predicted_7b], [100 * r["decoder_bytes"] / base for r in predicted_7b]
+    ax.plot(x7, y7, marker="s", ls="--", color="#c62",
+            label=f"Qwen-7B: labs.memory bytes, formula FLOPs (k of {predicted_7b[-1]['k']})")
+    for row, xi, yi in zip(predicted_7b, x7, y7):
+        ax.annotate(f"k={row['k']}", (xi, yi), fontsize=7, xytext=(6, 4), textcoords="offset points", color="#c62")
     ax.set(xlabel="FLOPs added (% of the decoder's FLOPs per step, no checkpointing)",
            ylabel="saved activations kept (%)", title=title, ylim=(0, 105))
     ax.grid(alpha=0.3)
