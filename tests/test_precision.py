@@ -1,12 +1,13 @@
 """Chapter 4 (mixed precision): number formats and casts, DeepSpeed's own loss scaler driven on a CPU (pure and with
-real gradients of the tiny model), the memory costs by precision, the recorded fp16/bf16 H200 pair, the exercises."""
+real gradients of the tiny model), what Liger's fused loss stores before the loss scale, the memory costs by
+precision, the recorded fp16/bf16 H200 pair, the exercises."""
 import math
 
 import matplotlib
 import pytest
 import torch
 
-from labs.course import loss_scaling, precision, precision_costs
+from labs.course import fused_loss, loss_scaling, precision, precision_costs
 from labs.course import precision_figures as figures
 from labs.errors import LabsError
 
@@ -97,6 +98,30 @@ def test_range_shares_are_exclusive_and_count_overflow():
     values = torch.tensor([2.0 ** -26, 2.0 ** -20, 1.0, 1e5, 0.0])     # flushed, subnormal, normal, inf; 0 ignored
     assert precision.range_shares(values, "fp16") == dict(flushed=0.25, subnormal=0.25, normal=0.25, overflowed=0.25)
     assert sum(precision.range_shares(torch.randn(1000) * 1e-5, "fp16", 3.0).values()) == pytest.approx(1.0)
+
+
+def test_a_fused_loss_that_rounds_before_the_scale_flushes_what_the_scale_would_keep():
+    found = fused_loss.gradients_before_the_scale("tiny", tokens=8190, rows=2,
+                                                  stored=(("fp16", 1.0), ("fp16", 2.0 ** 16), ("bf16", 1.0)))
+    at_one, scaled, bf16 = found[("fp16", 1.0)], found[("fp16", 2.0 ** 16)], found[("bf16", 1.0)]
+    assert at_one["flushed"] > 0.99 and scaled["flushed"] == 0.0 and bf16["flushed"] == 0.0
+    assert at_one["flushed"] + at_one["subnormal"] + at_one["normal"] == pytest.approx(1.0)
+    assert at_one["kept_per_token"] < 0.01 * 151935 < scaled["kept_per_token"]
+    # the hidden states' gradient: subnormal and coarse at scale 1, precise once the scale comes first
+    assert at_one["hidden_subnormal"] > 0.9 and scaled["hidden_subnormal"] < 0.1 and bf16["hidden_subnormal"] == 0.0
+    assert scaled["hidden_error"] < bf16["hidden_error"] < at_one["hidden_error"]
+    with pytest.raises(LabsError, match="a loss scale must be positive"):
+        fused_loss.gradients_before_the_scale("tiny", stored=(("fp16", 0),))
+    with pytest.raises(LabsError, match="whole number of rows"):
+        fused_loss.gradients_before_the_scale("tiny", tokens=2, rows=3)
+
+
+def test_matmul_time_is_positive_milliseconds_and_leaves_the_thread_count_alone():
+    threads = torch.get_num_threads()
+    assert 0 < precision.matmul_ms("fp32", size=16, repeats=3) < 1000
+    assert torch.get_num_threads() == threads
+    with pytest.raises(LabsError, match="repeats must be a positive whole number"):
+        precision.matmul_ms("fp16", repeats=0)
 
 
 def test_spread_logits_match_the_initial_loss_and_spread_their_gradients():
@@ -208,6 +233,8 @@ def test_without_a_gpu_the_fp16_engine_is_refused_before_anything_runs(tmp_path)
     fp16 = config.variant(config.load("zero3.json"), {"bf16": None, "fp16": FP16})
     run, why = loss_scaling.engine_run(fp16, tmp_path / "run", steps=2)
     assert run is None and why.startswith("config key 'fp16.enabled'") and not any(tmp_path.iterdir())
+    # labs' rule, not DeepSpeed's: DeepSpeed's CPU accelerator allows fp16 where oneDNN supports it
+    assert loss_scaling.deepspeed_fp16_support() == ("cpu", bool(torch.ops.mkldnn._is_mkldnn_fp16_supported()))
 
 
 # ------------------------------------------------------------------------------------------ costs and records
@@ -217,6 +244,13 @@ def test_bytes_per_parameter_by_precision_and_stage():
     assert [zero0[p]["total"] for p in ("fp32", "fp16", "bf16")] == [16, 16, 16]
     assert (zero0["bf16"]["params"], zero0["bf16"]["grads"], zero0["bf16"]["optimizer"]) == (2, 2, 12)
     assert round(zero3["fp32"]["total"]) == 20 and round(zero3["bf16"]["total"]) == 16
+
+
+def test_compared_says_less_more_or_the_same():
+    assert precision_costs.compared(66, 100) == "34% less" and precision_costs.compared(108.5, 100) == "8% more"
+    assert precision_costs.compared(99.99, 100) == "the same"
+    with pytest.raises(LabsError, match="a baseline must be positive"):
+        precision_costs.compared(1, 0)
 
 
 def test_the_recorded_pair_is_run_e_in_both_formats():
@@ -249,8 +283,11 @@ def test_peak_by_precision_halves_activations_and_fp32_does_not_fit_run_e():
 def test_the_figures_draw():
     import matplotlib.pyplot as plt
 
-    records = [dict(step=s, scale=2.0 ** 16, overflow=s == 2, hysteresis=2, loss=10.0 - s) for s in (1, 2, 3)]
-    figures.loss_scale_history(records)
+    records = [dict(step=s, scale=2.0 ** (16 - s // 3), overflow=s == 2, hysteresis=2, loss=10.0 - s)
+               for s in range(1, 11)]
+    ax = figures.loss_scale_history(records)
+    ax.figure.canvas.draw()
+    assert all(float(t).is_integer() for t in ax.get_xticks()) and all(float(t).is_integer() for t in ax.get_yticks())
     figures.format_ranges(precision.format_rows(), marks={"x": 1.0})
     figures.rounding_error({"fp16": precision.relative_error("fp16", points=50)})
     figures.weight_drift(precision.drift(0.02, 1e-5, 10, "bf16"))
@@ -265,7 +302,7 @@ def test_the_figures_draw():
 @pytest.mark.parametrize("id, right, wrong", [
     ("04.1", 2048, 256),                 # fp16's 11 significant bits, not bf16's 8
     ("04.2", 18, 17),
-    ("04.3", 100 * 3 / 504, 100 * 2 / 502),   # hysteresis 3 skips per 501 clean steps, not the chapter's 2
+    ("04.3", 21, 11),                    # 6 on the way down (2 use up hysteresis), then 3 per try, not 1
     ("04.4", 1.0, 0.99),                 # every update rounded away, not 100 of them applied
     ("04.5", "smaller", "larger"),
 ])
@@ -275,6 +312,17 @@ def test_chapter_4_checkers_accept_the_answer_and_reject_others(id, right, wrong
     assert exercises.check(id, None) is False and "not answered yet" in capsys.readouterr().out
     assert exercises.check(id, right) is True and capsys.readouterr().out.startswith(f"{id} correct")
     assert exercises.check(id, wrong) is False and capsys.readouterr().out.startswith(f"{id} not yet")
+
+
+def test_the_questions_wrap_to_a_width_and_keep_every_word(capsys):
+    from labs.course import exercises
+
+    exercises.show("04")
+    one_line = capsys.readouterr().out
+    exercises.show("04", width=116)
+    wrapped = capsys.readouterr().out
+    assert max(map(len, one_line.splitlines())) > 116 >= max(map(len, wrapped.splitlines()))
+    assert one_line.split() == wrapped.split() and len(one_line.splitlines()) == 5
 
 
 def test_bf16_saves_less_with_full_checkpointing_on_8_gpus_than_on_run_e():

@@ -1,7 +1,8 @@
 """fp16 dynamic loss scaling as DeepSpeed does it, run on a CPU with DeepSpeed's own scaler.
 
-DeepSpeed's fp16 engine runs only on GPUs, but its scaler (deepspeed/runtime/fp16/loss_scaler.py) is plain
-Python. `deepspeed_scaler` builds it from a config's "fp16" section through DeepSpeed's own config class and the
+labs runs DeepSpeed's fp16 engine only on GPU ranks (DeepSpeed's CPU accelerator offers fp16 only where oneDNN
+supports it on the processor: `deepspeed_fp16_support`), but the scaler (deepspeed/runtime/fp16/loss_scaler.py) is
+plain Python. `deepspeed_scaler` builds it from a config's "fp16" section through DeepSpeed's own config class and the
 same `CreateLossScaler` call its ZeRO optimizers make; `train_steps` drives it with real gradients of the tiny
 model, step by step as the fp16 engine does: scale the loss, backward, store the gradients in fp16, check them
 for inf/nan, then either unscale and step or skip the step, and let the scaler update its scale.
@@ -45,6 +46,16 @@ def one_rank_group():
                  else contextlib.nullcontext())
     with no_shm_op:
         deepspeed.init_distributed(dist_backend="gloo")
+
+
+def deepspeed_fp16_support() -> tuple[str, bool]:
+    """DeepSpeed's own answer for this machine: its accelerator's name and `is_fp16_supported()`. On a CPU that is
+    true only where oneDNN reports fp16 support for the processor (deepspeed/accelerator/cpu_accelerator.py)."""
+    env.name_deepspeed_accelerator()
+    from deepspeed.accelerator import get_accelerator
+
+    accelerator = get_accelerator()
+    return accelerator.device_name(), bool(accelerator.is_fp16_supported())
 
 
 def deepspeed_scaler(fp16_section: dict):
@@ -145,8 +156,9 @@ def train_steps(fp16_section: dict, steps: int, spikes=(), preset="tiny", seq_le
     loss x scale -> backward -> gradients stored in fp16 (the engine's gradient buffers) -> DeepSpeed's
     has_inf_or_nan -> on overflow skip the step, else unscale in fp32, clip to 1.0 and step AdamW on the fp32
     weights -> scaler.update_scale(overflow). `spikes`: steps whose loss is multiplied by SPIKE first (an
-    injected overflow). Forward and backward run in fp32 here: this CPU's fp16 matrix multiply is far slower,
-    and the gradients' fp16 storage is where loss scaling acts. The learning rate is constant (a labs run warms
+    injected overflow). Forward and backward run in fp32 here: a CPU without fp16 arithmetic multiplies fp16
+    matrices far more slowly (`precision.matmul_ms` times it), and the gradients' fp16 storage is where loss scaling
+    acts. The learning rate is constant (a labs run warms
     up from 0, so its first steps would leave the weights unchanged without any overflow). Each record has the
     loss of that step's own batch and, after the step, the loss on one fixed batch the model never trains on.
     `progress`: show the step reached (`progress_line`). Returns the step records and DeepSpeed's log."""

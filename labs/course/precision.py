@@ -191,6 +191,27 @@ def flushed_to_zero(values: torch.Tensor, name: str, scale: float = 1.0) -> floa
     return range_shares(values, name, scale)["flushed"]
 
 
+def matmul_ms(name: str, size=256, repeats=7, seed=0) -> float:
+    """Milliseconds one [size, size] x [size, size] matrix product takes in the format on one CPU thread of this
+    machine: the fastest of `repeats`, after one warm-up (one thread and the minimum, so that other work on the
+    machine slows the figure as little as possible). A CPU without arithmetic for the format runs a slow fallback."""
+    import time
+
+    generator = torch.Generator().manual_seed(seed)
+    a, b = (torch.randn(_count("size", size), size, generator=generator).to(dtype(name)) for _ in range(2))
+    threads, times = torch.get_num_threads(), []
+    torch.set_num_threads(1)
+    try:
+        a @ b
+        for _ in range(_count("repeats", repeats)):
+            start = time.perf_counter()
+            a @ b
+            times.append(time.perf_counter() - start)
+    finally:
+        torch.set_num_threads(threads)
+    return 1000 * min(times)
+
+
 # ------------------------------------------------------------------------------------------ one real layer
 def qwen_layer_update_errors(preset="qwen2.5-7b", tokens=8, names=("fp16", "bf16"), seed=0) -> dict:
     """One decoder layer of the preset's shape (HF's Qwen2DecoderLayer, initialised as HF does), run on the same

@@ -91,3 +91,11 @@ def fp32_fitting_row(row: dict, gpu="H200") -> dict:
     if set(change) - set(rename):
         raise LabsError(f"fp32 fits only with {change}; compare precisions on that setup by hand")
     return dict(row, **{rename[key]: value for key, value in change.items()})
+
+
+def compared(new: float, base: float) -> str:
+    """`new` against `base` in words: 'N% less', 'N% more', or 'the same' (within 0.05%)."""
+    if not base > 0:
+        raise LabsError(f"a baseline must be positive, not {base!r}")
+    saved = 1 - new / base
+    return "the same" if abs(saved) < 0.0005 else f"{abs(saved):.0%} {'less' if saved > 0 else 'more'}"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import matplotlib.pyplot as plt
+from matplotlib.ticker import MaxNLocator
 import torch
 
 COLORS = {"fp32": "#555", "fp16": "#d9822b", "bf16": "#2a7", "fp8-e4m3": "#7a5cc7", "fp8-e5m2": "#b5489a"}
@@ -86,6 +87,8 @@ def loss_scale_history(records: list[dict], ax=None, title="DeepSpeed's loss sca
         ax.annotate(str(r["hysteresis"]), (r["step"], math.log2(r["scale"])), xytext=(0, 6),
                     textcoords="offset points", ha="center", fontsize=7, color="#555")
     ax.set(xlabel="step (numbers: hysteresis left after the step)", ylabel="log2 loss scale", title=title)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))          # steps and powers of two are whole numbers
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylim(min(math.log2(r["scale"]) for r in records) - 1, max(math.log2(r["scale"]) for r in records) + 1)
     twin = ax.twinx()
     twin.plot(steps, [r["loss"] for r in records], color="#888", marker=".", lw=0, label="loss of the step's batch")

@@ -34,22 +34,23 @@ def _stop_step():
     return overflow_stop_step()
 
 
-def skipped_percent(window=500, hysteresis=3) -> float:
-    """Percent of steps DeepSpeed's scaler skips in the long run when gradients overflow fp16 whenever the scale
-    is above 2^12: one full cycle of its steady state."""
+def skipped_in_first(steps=3000, window=500, hysteresis=3, limit=2 ** 12) -> int:
+    """How many of a run's first `steps` steps DeepSpeed's scaler skips when the gradients overflow fp16 whenever
+    the scale is above `limit` and never at or below it, starting from 2^16 (run e's initial_scale_power): the way
+    down to the limit, then the steady state's failed tries."""
     section = dict(enabled=True, loss_scale=0, initial_scale_power=16, loss_scale_window=window,
                    hysteresis=hysteresis, min_loss_scale=1)
-    history = loss_scaling.steady_state(section, limit=2 ** 12, steps=3 * (window + hysteresis) + 100)
-    return 100 * loss_scaling.last_cycle(history)["skipped_share"]
+    return sum(r["overflow"] for r in loss_scaling.steady_state(section, limit=limit, steps=steps))
 
 
-@exercise("04.3", "A long fp16 run whose gradients overflow whenever the loss scale is above some power of two S, and "
-          "never at or below it. With loss_scale_window 500 and hysteresis 3 (not the chapter's 1000 and 2), what "
-          "percent of the steps does DeepSpeed skip in the long run?", "percent", rel=0.02,
-          hint="one cycle: the clean steps at S before the scaler tries 2S, then the overflows the try costs before "
-               "the scale is back at S. How many of each?")
-def _skipped_percent():
-    return skipped_percent()
+@exercise("04.3", "DeepSpeed fp16 starting at 2^16 (initial_scale_power 16), with loss_scale_window 500 and "
+          "hysteresis 3 (not the chapter's 1000 and 2). The gradients overflow whenever the scale is above 2^12 and "
+          "never at or below it. How many of the run's first 3,000 steps does DeepSpeed skip?", "steps", rel=0,
+          hint="first the way down from 2^16 to 2^12: which overflows only use up hysteresis, and does halving the "
+               "scale give any back? Then the tries at 2^13: how many clean steps between two, how many steps each "
+               "try costs once growing has refilled the hysteresis, and how many tries fit before step 3,000")
+def _skipped_in_first():
+    return skipped_in_first()
 
 
 def bf16_weight_after(updates=100, start=1.0) -> float:

@@ -3,6 +3,7 @@ expected answer with labs itself (the code the chapter proves against DeepSpeed,
 never a typed-in literal. `check` compares a reader's answer with it and says why when it is off."""
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass
 from typing import Callable
 
@@ -56,11 +57,13 @@ def check(id: str, answer) -> bool:
     return ok
 
 
-def show(chapter: str):
-    """Every exercise of a chapter ("09"), or one exercise ("09.1")."""
+def show(chapter: str, width: int | None = None):
+    """Every exercise of a chapter ("09"), or one exercise ("09.1"); each on one line, or wrapped to `width`
+    columns with the lines after the first indented."""
     for ex in EXERCISES.values():
         if ex.id == chapter or ex.id.startswith(chapter + "."):
-            print(f"{ex.id}  {ex.question}  [answer in {ex.unit}]")
+            line = f"{ex.id}  {ex.question}  [answer in {ex.unit}]"
+            print(line if width is None else textwrap.fill(line, width, subsequent_indent=" " * (len(ex.id) + 2)))
 
 
 def _fmt(x: float) -> str:
