@@ -100,8 +100,9 @@ def _train_args(sub):
                    help="seconds a node waits for the others before giving up (default: "
                         f"{multinode.DEFAULT_RDZV_TIMEOUT_S})")
     n.add_argument("--hostfile", help="DeepSpeed hostfile, one 'HOST slots=N' per line: run DeepSpeed's launcher, "
-                                       "here on the first host, which starts the others with pdsh over passwordless "
-                                       "ssh (run folder on a shared file system); with --node-rank, on each host "
+                                       "here, which starts every host with pdsh over passwordless ssh (rank 0 on "
+                                       "the first host; run folder on a shared file system); with --node-rank, on "
+                                       "each host "
                                        "(default: none, torchrun)")
     n.add_argument("--include", default="", help="DeepSpeed's NODE[:SLOT,...][@NODE...]: only these "
                                                        "(default: every host of the hostfile)")

@@ -76,8 +76,9 @@ def preset_of(path: Path, dims: dict) -> str:
         if all(shape[key] == dims[key] for key in SHAPE_KEYS):
             return name
     raise LabsError(f"--model-path '{path}' ({dims['num_hidden_layers']} layers of width {dims['hidden_size']}) has "
-                    f"no preset's shape: give --preset to choose the run's defaults (sequence length, learning rate), "
-                    f"e.g. --preset qwen2.5-7b (seq-len 4096, lr 1e-4); presets: {', '.join(models.PRESETS)}")
+                    "no preset's shape: give --preset, the nearest of " + ", ".join(models.PRESETS) + ", for the "
+                    "run's defaults (the model's shape still comes from the folder), and --seq-len and --lr to set "
+                    "them yourself")
 
 
 def _safetensors_shapes(files) -> dict:

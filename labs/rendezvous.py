@@ -2,7 +2,8 @@
 
     rendezvous.check_endpoint(nodes)     # node 0: the endpoint is this host and its port is free;
                                          # node K: wait (at most nodes.rdzv_timeout s) until node 0 answers;
-                                         # DeepSpeed's hostfile runner: pdsh installed, --master-addr this host
+                                         # DeepSpeed's hostfile runner: pdsh for several hosts, --master-addr
+                                         # the first host's
     rendezvous.wait_for_endpoint("node0", 29500, timeout_s=5)
     rendezvous.free_port()               # a port for a launcher on this host (emulated nodes, chapter 8's routes)
 
@@ -29,23 +30,46 @@ def free_port() -> int:
 def check_endpoint(nodes: Nodes) -> None:
     """Bounded checks of the meeting point before any rank starts. Node 0 must be the endpoint's host, with the
     port free; every other node waits (at most rdzv_timeout seconds) for the port to answer. DeepSpeed's runner
-    starting every host from here (a hostfile, no node rank): rank 0 runs here, so --master-addr must be this host,
-    and the runner's launcher for the hosts (pdsh) must be installed. No ssh connection is tried."""
+    starting every host from here (a hostfile, no node rank): see _check_runner. No ssh connection is tried."""
     address_flag = flags(nodes)[0]
-    from_here = nodes.launcher == "deepspeed" and nodes.node_rank is None
-    if from_here and shutil.which(REMOTE_LAUNCHER) is None:
-        raise LabsError(f"--hostfile: DeepSpeed's launcher starts every host's ranks with {REMOTE_LAUNCHER}, which is "
-                        f"not installed here: install it (e.g. `apt-get install {REMOTE_LAUNCHER}`) with passwordless "
-                        "ssh to every host, or run `labs train` on each host with --node-rank K (no ssh)")
     try:
-        addresses = {info[4][0] for info in socket.getaddrinfo(nodes.host, nodes.port, type=socket.SOCK_STREAM)}
+        addresses = _addresses(nodes.host, nodes.port)
     except socket.gaierror as exc:
         raise LabsError(f"{address_flag} host '{nodes.host}' does not resolve here ({exc.strerror}): give node 0's "
                         "name or IP address") from None
-    if nodes.node_rank == 0 or from_here:
+    if nodes.launcher == "deepspeed" and nodes.node_rank is None:
+        _check_runner(nodes, addresses)
+    elif nodes.node_rank == 0:
         _check_can_listen(nodes, addresses)
     elif nodes.node_rank:
         wait_for_endpoint(nodes.host, nodes.port, nodes.rdzv_timeout)
+
+
+def _check_runner(nodes: Nodes, addresses: set) -> None:
+    """DeepSpeed's runner (deepspeed/launcher/runner.py) starts the hosts in use through pdsh when there are several
+    (one host: a local launch), and rank 0 runs on the first of them, which may or may not be this host: so pdsh
+    must be installed, and --master-addr must be that first host's address (checked where both names resolve
+    here); if it is this host, the port must be free. Its ssh check of the first host is the runner's own."""
+    first = next(iter(nodes.hosts))
+    if len(nodes.hosts) > 1 and shutil.which(REMOTE_LAUNCHER) is None:
+        raise LabsError(f"--hostfile: DeepSpeed's launcher starts the {len(nodes.hosts)} hosts' ranks with "
+                        f"{REMOTE_LAUNCHER}, which is not installed here: install it (e.g. `apt-get install "
+                        f"{REMOTE_LAUNCHER}`) with passwordless ssh to every host, or run `labs train` on each host "
+                        "with --node-rank K (no ssh)")
+    try:
+        first_addresses = _addresses(first, nodes.port)
+    except socket.gaierror:
+        return                          # a name only ssh knows (~/.ssh/config): nothing to compare here
+    if len(nodes.hosts) > 1 and not addresses & first_addresses:
+        raise LabsError(f"--master-addr {nodes.host} ({', '.join(sorted(addresses))}) is not the hostfile's first host "
+                        f"in use, {first} ({', '.join(sorted(first_addresses))}), where rank 0 runs: give that host's "
+                        "address as --master-addr")
+    if any(_bindable(address) for address in first_addresses):
+        _check_can_listen(nodes, addresses)
+
+
+def _addresses(host: str, port: int) -> set:
+    return {info[4][0] for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)}
 
 
 # DeepSpeed's runner reaches the other hosts with pdsh unless told otherwise (its --launcher; labs never tells it)
@@ -65,10 +89,6 @@ def _check_can_listen(nodes: Nodes, addresses: set) -> None:
     port_flag = flags(nodes)[1]
     if not any(_bindable(address) for address in addresses):
         where = f"{nodes.host} ({', '.join(sorted(addresses))})"
-        if nodes.node_rank is None:
-            first = next(iter(nodes.hosts), "the hostfile's first host")
-            raise LabsError(f"--master-addr {where} is not this host: with --hostfile, rank 0 runs on the first host "
-                            f"({first}); run `labs train` there and give its address as --master-addr")
         if nodes.launcher == "deepspeed":
             raise LabsError(f"--node-rank 0 is where rank 0 runs, but --master-addr {where} is not this host: run "
                             "node 0 there, or give this host's address as --master-addr")

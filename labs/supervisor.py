@@ -145,7 +145,7 @@ def failure_message(work: Path, code: int, oom_kills_before: int | None) -> str:
         rank = min(failures)
         return f"rank {rank} exited with code {failures[rank]} (launcher exit code {code})"
     # The launcher's own error, if it raised one (DeepSpeed's runner: a host not reachable by ssh), on the first line
-    raised = re.findall(r"(?m)^(\w+(?:Error|Exception): .+)$", log)
+    raised = re.findall(r"(?m)^((?:\w+\.)*\w+(?:Error|Exception): .+)$", log)     # dotted: torch.distributed.X
     said = f": {raised[-1].strip()}" if raised else ""
     return (f"the launcher exited with code {code} before any rank reported an error{said}; its output ended:\n"
             f"{log[-4000:]}")

@@ -17,12 +17,15 @@ from labs.course import exercises
     ("01.2", "optimizer_step", "loss_backward"),    # with activations small, the fp32 copy of the update decides
     ("01.5", 18 * 7_615_616_512 / 1e9, 12 * 7_615_616_512 / 1e9),   # fp32 grads and ZeRO-3's bf16 ones go too
     ("08.1", 2**20 // 4096 // (16 * 4), 2**20 // 4096 // (8 * 4)),   # the ranks of both nodes, not one node's
-    ("08.2", 1000 - 250, 1),                        # accelerate's 1000 / 4 processes ends the cosine at step 250
+    # iterations 101-248: after the peak at 100, before the floor at 250 - 1; accelerate divides the total (1000 / 4)
+    ("08.2", 248 - 101 + 1, 998 - 101 + 1),
+    ("08.2", 248 - 101 + 1, 248 - 26 + 1),          # ... and passes the warm-up as it is, not divided
     ("08.3", 1, 2),                                 # the first step's 0 is DeepSpeed's, not the warm-up's
     ("08.4", 2 ** -7, 2 ** -6),                     # half a bf16 step near 2.7, not a whole one
     ("05.1", 0.766, 0.383),                          # 28 layers x 2 x 3584 bytes x 4096 tokens, not one byte each
     # ZeRO-2: 14 bytes in the checkpoint and 14 in its universal copy, not ZeRO-3's 12 and 12 x (1 + 1/8)
     ("05.2", (14 + 14) * 7_615_616_512 / 1e9, (12 + 12 * (1 + 1 / 8)) * 7_615_616_512 / 1e9),
+    ("05.2", (14 + 14) * 7_615_616_512 / 1e9, (14 + 12 * (1 + 1 / 8)) * 7_615_616_512 / 1e9),   # ZeRO-3's copy rule
     ("05.3", 700 + 400 + 100, 1000 + 100),           # the last step's save is the one cut: the resume starts at 900
     ("05.4", 23.0, 24.9),                            # Qwen2.5-7B (GQA, 28 layers), not Qwen-7B's 24.9
     ("09.7", (74.1 + 98.4) / 2, 98.4 * 3 / 4),     # one more sequence's activations, not 3/4 of the whole peak

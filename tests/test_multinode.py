@@ -161,30 +161,37 @@ def test_node_zero_must_hold_the_endpoint_with_a_free_port():
     rendezvous.check_endpoint(multinode.torchrun_nodes(2, 0, f"127.0.0.1:{rendezvous.free_port()}"))    # passes
 
 
-def test_deepspeed_hostfile_mode_checks_pdsh_and_that_master_addr_is_this_host(tmp_path, monkeypatch):
-    """`labs train --hostfile` (no --node-rank) starts every host from here through DeepSpeed's runner: without pdsh,
-    or with a --master-addr elsewhere (rank 0 runs here), it failed in DeepSpeed's runner with a 126-line traceback.
-    Refused before any rank starts, naming the flag typed (--master-addr/--master-port, not torchrun's)."""
-    path = _hostfile(tmp_path, "node0 slots=2\nnode1 slots=2\n")
+def test_deepspeed_hostfile_mode_checks_pdsh_and_the_first_hosts_address(tmp_path, monkeypatch):
+    """`labs train --hostfile` (no --node-rank) starts the hosts through DeepSpeed's runner: pdsh for several hosts (one
+    host is a local launch), rank 0 on the first host in use, which need not be this one. Without pdsh, or with a
+    --master-addr other than the first host's, it failed in DeepSpeed's runner with a 126-line traceback. Refused
+    before any rank starts, naming the flag typed (--master-addr/--master-port, not torchrun's)."""
+    two = _hostfile(tmp_path, "127.0.0.1 slots=2\n192.0.2.7 slots=2\n")
     monkeypatch.setattr(rendezvous.shutil, "which", lambda name: None)
-    with pytest.raises(LabsError, match="starts every host's ranks with pdsh, which is not installed here"):
-        rendezvous.check_endpoint(multinode.deepspeed_nodes(path, master_addr="127.0.0.1"))
-    rendezvous.check_endpoint(multinode.deepspeed_nodes(path, master_addr="127.0.0.1", node_rank=0,
+    with pytest.raises(LabsError, match="starts the 2 hosts' ranks with pdsh, which is not installed here"):
+        rendezvous.check_endpoint(multinode.deepspeed_nodes(two, master_addr="127.0.0.1"))
+    one = tmp_path / "one"
+    one.write_text("localhost slots=2\n")
+    rendezvous.check_endpoint(multinode.deepspeed_nodes(one, master_port=rendezvous.free_port()))   # local: no pdsh
+    rendezvous.check_endpoint(multinode.deepspeed_nodes(two, master_addr="127.0.0.1", node_rank=0,
                                                         master_port=rendezvous.free_port()))   # --no_ssh: no pdsh
     monkeypatch.setattr(rendezvous.shutil, "which", lambda name: f"/usr/bin/{name}")
-    with pytest.raises(LabsError, match=r"--master-addr 192.0.2.1 \(192.0.2.1\) is not this host: with --hostfile, "
-                                        r"rank 0 runs on the first host \(node0\)"):
-        rendezvous.check_endpoint(multinode.deepspeed_nodes(path, master_addr="192.0.2.1"))
+    with pytest.raises(LabsError, match=r"--master-addr 192.0.2.1 \(192.0.2.1\) is not the hostfile's first host in "
+                                        r"use, 127.0.0.1 \(127.0.0.1\), where rank 0 runs"):
+        rendezvous.check_endpoint(multinode.deepspeed_nodes(two, master_addr="192.0.2.1"))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.write_text("192.0.2.7 slots=2\n192.0.2.8 slots=2\n")
+    rendezvous.check_endpoint(multinode.deepspeed_nodes(elsewhere, master_addr="192.0.2.7"))   # a head node outside
     refused = r"--node-rank 0 is where rank 0 runs, but --master-addr 192.0.2.1 .* as --master-addr$"
     with pytest.raises(LabsError, match=refused):
-        rendezvous.check_endpoint(multinode.deepspeed_nodes(path, master_addr="192.0.2.1", node_rank=0))
+        rendezvous.check_endpoint(multinode.deepspeed_nodes(two, master_addr="192.0.2.1", node_rank=0))
     with socket.socket() as taken:
         taken.bind(("", 0))
         taken.listen()
         port = taken.getsockname()[1]
         with pytest.raises(LabsError, match=f"--master-port {port}: port {port} is in use on this host"):
-            rendezvous.check_endpoint(multinode.deepspeed_nodes(path, master_addr="127.0.0.1", master_port=port))
-    rendezvous.check_endpoint(multinode.deepspeed_nodes(path, master_addr="127.0.0.1",
+            rendezvous.check_endpoint(multinode.deepspeed_nodes(two, master_addr="127.0.0.1", master_port=port))
+    rendezvous.check_endpoint(multinode.deepspeed_nodes(two, master_addr="127.0.0.1",
                                                         master_port=rendezvous.free_port()))      # passes
 
 
@@ -208,6 +215,10 @@ def test_a_launcher_that_fails_before_any_rank_says_why_on_the_first_line(tmp_pa
     first = supervisor.failure_message(tmp_path, 1, None).splitlines()[0]
     assert first.startswith("the launcher exited with code 1 before any rank reported an error: RuntimeError: Using "
                             "hostfile at h but host=node0 was not reachable via ssh") and "; its output ended:" in first
+    (tmp_path / "launch.log").write_text("Traceback (most recent call last):\nsubprocess.CalledProcessError: Command "
+                                         "'['ssh', 'node0', 'hostname', '-I']' returned non-zero exit status 255.\n")
+    first = supervisor.failure_message(tmp_path, 1, None).splitlines()[0]
+    assert "an error: subprocess.CalledProcessError: Command" in first
 
 
 def test_a_missing_node_is_named_from_the_launcher_log():

@@ -24,7 +24,7 @@ def _checkpointed_inputs_gib(preset="qwen2.5-7b", seq_len=4096):
 
 @exercise("05.2", "A ZeRO-2 run of Qwen2.5-7B (Adam, bf16) on 8 GPUs is resumed on 4 (labs train --resume RUN_DIR "
           "--nproc 4); before the first step labs converts its newest checkpoint to a universal one. How many GB "
-          "(1e9 bytes) do that checkpoint and its universal copy take together?", "GB", rel=0.03,
+          "(1e9 bytes) do that checkpoint and its universal copy take together?", "GB", rel=0.01,
           hint="the chapter measured a ZeRO-3 checkpoint; at ZeRO-1/2 the checkpoint also holds the bf16 module, "
                "and the converter keeps different things per stage (Part 3's table of universal copies); "
                "Qwen2.5-7B does not tie its output layer to the embedding")
