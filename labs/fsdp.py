@@ -126,7 +126,7 @@ def initialize(spec: dict, ds_config: dict, device: torch.device) -> Fsdp2Engine
                       model_path=spec["model_path"])
     if spec["stock"]:        # plain PyTorch FSDP2 as a user writes it: HF's own gradient checkpointing
         if spec["activation_checkpointing"] != "none":
-            hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            models.hf_checkpointing(hf)
     else:
         models.checkpoint_layers(hf, spec["activation_checkpointing"])
     if spec.get("fp8"):

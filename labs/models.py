@@ -179,6 +179,17 @@ def decoder_layers(model) -> nn.ModuleList:
     return model.model.layers
 
 
+def hf_checkpointing(model) -> None:
+    """HF's own activation checkpointing (non-reentrant), as a user writes it: the stock reference's. transformers 5
+    renamed gradient_checkpointing_enable to activation_checkpointing_enable (the old name warns, and goes in v6);
+    an older transformers, as on the GPU hosts, has only the old one."""
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:
+        enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
 def checkpointed_layers(how, num_layers: int) -> int:
     """How many decoder layers activation checkpointing covers: 'none' -> 0, 'full' -> all, a number k (int or
     string) -> the first k. The one parser of the setting: training, the memory model and the advisor use it."""

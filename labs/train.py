@@ -170,7 +170,7 @@ def build_engine(spec: dict, ds_config: dict, device: torch.device):
     if spec["stock"]:
         # The stock reference: HF's own gradient checkpointing and loss, exactly as a user would write it.
         if spec["activation_checkpointing"] != "none":
-            hf_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            models.hf_checkpointing(hf_model)
     else:
         models.checkpoint_layers(hf_model, spec["activation_checkpointing"])
     if spec.get("compile"):

@@ -57,6 +57,28 @@ def test_activation_checkpointing_keeps_gradients():
         models.checkpoint_layers(hf, "9")
 
 
+def test_stock_checkpointing_is_hfs_own_without_its_deprecation_warning():
+    """The stock reference turns on HF's checkpointing by the name the installed transformers offers: no FutureWarning
+    from the old alias (which v6 removes), the model's own flag set, and an older transformers' name still used."""
+    import warnings
+
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_config(models.qwen2_config("tiny"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        models.hf_checkpointing(hf)
+    assert hf.is_gradient_checkpointing
+
+    class Older:                          # transformers before the rename: only gradient_checkpointing_enable
+        def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs):
+            self.kwargs = gradient_checkpointing_kwargs
+
+    older = Older()
+    models.hf_checkpointing(older)
+    assert older.kwargs == {"use_reentrant": False}
+
+
 def test_model_path_must_exist(tmp_path):
     with pytest.raises(LabsError, match="does not exist"):
         models.check_model_path(tmp_path / "nowhere")
