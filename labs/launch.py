@@ -22,8 +22,8 @@ from pathlib import Path
 import torch
 
 from labs import config as config_lib
-from labs import (data, model_folder, models, multinode, offload_copy, peers, preflight, prefork, rendezvous, resolve,
-                  runcache, runfolder, supervisor)
+from labs import (data, model_folder, models, multinode, offload_copy, peers, preflight, prefork, remote_env,
+                  rendezvous, resolve, runcache, runfolder, supervisor)
 from labs import env as env_lib
 from labs import resume as resume_lib
 from labs.errors import LabsError, RankFailed, RunStopped, check_choice
@@ -178,6 +178,8 @@ def run(stream=True, **kwargs) -> Run:
 def _train(spec, resolved, env, repairs, work: Path, out: Path, stream: bool, nodes, cpu_offload: bool):
     """Write the run's records into the working folder, launch its ranks and wait; a failure raises (see run)."""
     command = launcher_command(spec["nproc"], work, nodes, cpu=spec.get("device") == "cpu")
+    if nodes is not None and nodes.launcher == "deepspeed" and nodes.node_rank is None:     # ranks started over ssh
+        env["DS_ENV_FILE"] = str(remote_env.write(env, work))
     (work / "run.json").write_text(json.dumps(spec, indent=1) + "\n")
     (work / "ds_config.json").write_text(json.dumps(resolved, indent=1) + "\n")
     (work / "command.txt").write_text(shlex.join(command) + "\n")

@@ -10,7 +10,7 @@ LABS = Path(__file__).resolve().parent.parent / "labs"
 LAYERS = [
     ("core", ["labs", "labs.errors", "labs.table", "labs.env", "labs.config", "labs.models", "labs.resolve",
               "labs.data", "labs.metrics", "labs.runfolder", "labs.supervisor", "labs.prefork_server", "labs.prefork",
-              "labs.multinode", "labs.rendezvous", "labs.peers", "labs.model_folder",
+              "labs.multinode", "labs.rendezvous", "labs.remote_env", "labs.peers", "labs.model_folder",
               "labs.network", "labs.checkpoint", "labs.cpu_matmul", "labs.fsdp", "labs.zenflow_layout", "labs.zenflow_host",
               "labs.zenflow_columns", "labs.zenflow_moments", "labs.card_cap", "labs.offload_copy",
               "labs.train"]),
