@@ -16,6 +16,7 @@ from labs.course import exercises
     ("01.1", 6.5, 2 + 14 / 4),                      # DeepSpeed counts 18 partitioned bytes, the paper 14
     ("01.2", "optimizer_step", "loss_backward"),    # with activations small, the fp32 copy of the update decides
     ("01.5", 18 * 7_615_616_512 / 1e9, 12 * 7_615_616_512 / 1e9),   # fp32 grads and ZeRO-3's bf16 ones go too
+    ("06.1", 19 // 8, 19 // 8 + 1),                 # nodes count from 0, as node ranks do
     ("08.1", 2**20 // 4096 // (16 * 4), 2**20 // 4096 // (8 * 4)),   # the ranks of both nodes, not one node's
     # iterations 101-248: after the peak at 100, before the floor at 250 - 1; accelerate divides the total (1000 / 4)
     ("08.2", 248 - 101 + 1, 998 - 101 + 1),

@@ -2,6 +2,8 @@
 hostfile parser) and its communication model (labs.network), which the chapter checks against counted bytes."""
 from __future__ import annotations
 
+from pathlib import Path
+
 from labs import models, multinode, network
 from labs.course.exercises.registry import exercise
 
@@ -21,11 +23,14 @@ def _node_out_gb(scheme):
     return network.step_time(scheme, QWEN25_PARAMS, cluster, compute_s=1.0)["node_out_bytes"] / 1e9
 
 
-@exercise("06.1", "2 nodes x 8 GPUs, torchrun's static rendezvous: the RANK of the process with LOCAL_RANK 3 on "
-          "the node started with --node-rank 1?", "", rel=0.0,
-          hint="nodes are numbered first, then the processes within a node")
-def _global_rank():
-    return multinode.global_rank(node_rank=1, local_rank=3, nproc_per_node=8)
+@exercise("06.1", "A Slurm job of 4 nodes x 8 GPUs (labs train --slurm, torchrun's static rendezvous) fails with "
+          "'rank 19 exited with code 1'. Its error file is in the run folder of one node: --out on node 0, --out.nodeK "
+          "on node K. What is K?", "", rel=0.0,
+          hint="nodes are numbered first, then the processes within a node; node K's ranks are consecutive")
+def _node_of_rank():
+    node, = {n for n in range(4) for local in range(8) if multinode.global_rank(n, local, 8) == 19}
+    assert multinode.node_out(Path("runs/job"), node) == Path(f"runs/job.node{node}")    # the folder's name
+    return node
 
 
 @exercise("06.2", f"DeepSpeed's launcher with the hostfile {HOSTFILE!r} and --exclude 'worker-1:3@worker-2:3': how "
