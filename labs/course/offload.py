@@ -5,6 +5,8 @@ can run here.
 
     offload.host_rows({"zero3_offload_optimizer": run, ...})   # host bytes measured (by name) and predicted
     offload.recorded_offload_step(row)                  # a labs.bench.results row read within itself
+    offload.scenario_rows("qwen-7b", 4, "RTX3090")      # labs.memory per offload level, from the chapter's configs
+    offload.recorded_thread_rows()                      # run r: CPU Adam's step at 16, 8 and 4 threads on an H200 host
     offload.launcher_threads()                          # {"torchrun, 2 processes": ["1"], ...}
     offload.cpu_adam_step_seconds(threads=1)            # one CPU Adam step over 20 M fp32 parameters
     offload.nvme_ready()                                # (False, "no GPU here ...")
@@ -21,11 +23,11 @@ import subprocess
 import sys
 import time
 
-from labs import ROOT
+from labs import CONFIGS, ROOT
 from labs import config as config_lib
 from labs import memory
+from labs.course import gpu_report
 from labs.env import importable_path, repaired_environment
-from labs.resolve import OFFLOAD_LEVELS
 
 
 # The tensors DeepSpeed 0.19.8 allocates in host memory when the optimizer is offloaded to the CPU, as the
@@ -64,30 +66,51 @@ def host_rows(runs: dict) -> list[dict]:
 def recorded_offload_step(row: dict) -> dict:
     """A recorded GPU case with optimizer offload (labs.bench.results row) read within itself, like for like: the
     GPU part of its step (forward + backward, DeepSpeed's timers), the CPU optimizer step, their ratio to the whole
-    step; labs.memory's peak for the same run with the offload and without it, and whether that one fits the GPU."""
+    step; labs.memory's peak for the same run with the offload and without it, whether that one fits the GPU, and
+    the GPU's usable GiB under labs.memory's reserve (1 GiB + 5% of the card, a heuristic)."""
     gpu_part = (row["fwd_ms"] + row["bwd_ms"]) / 1000
     kwargs = dict(gpus_per_node=row["gpus"], seq_len=row["seq_len"], loss=row["loss"], kernels=row["kernels"],
                   activation_checkpointing=row["checkpointing"], ds_config=row["ds_config"], engine=row["engine"],
                   micro_batch=row["micro_batch"], grad_accum=row["grad_accum"])
     without = memory.estimate(row["preset"], offload_optimizer="none", offload_param="none", **kwargs)
+    card = memory.GPUS[row["gpu"].removeprefix("NVIDIA ")]
     return dict(gpu_part_s=gpu_part, optimizer_s=row["step_ms"] / 1000, step_s=row["step_s"],
                 step_over_gpu_part=row["step_s"] / gpu_part,
                 predicted_peak_gib=memory.estimate(row["preset"], **kwargs).total_per_gpu_bytes / 2**30,
-                predicted_without_gib=without.total_per_gpu_bytes / 2**30,
-                fits_without=without.fits(memory.GPUS[row["gpu"].removeprefix("NVIDIA ")]))
+                predicted_without_gib=without.total_per_gpu_bytes / 2**30, fits_without=without.fits(card),
+                usable_gib=memory.usable_bytes(card) / 2**30)
 
 
-def scenario_rows(preset: str, gpus: int, gpu: str, stage=3, **options) -> list[dict]:
-    """labs.memory's verdict for each offload setting: peak bytes per GPU, fits or not, host bytes per node."""
+# The chapter's config file for each offload level (labs.resolve.OFFLOAD_LEVELS' names): the scenarios are computed
+# from these, so that pin_memory (true in both offload files) and with it PyTorch's pinning count on the host.
+SCENARIO_CONFIGS = {"none": "zero3.json", "optimizer": "zero3_offload_optimizer.json",
+                    "optimizer+params": "zero3_offload_all.json"}
+
+
+def scenario_rows(preset: str, gpus: int, gpu: str, **options) -> list[dict]:
+    """labs.memory's verdict for each offload level, ZeRO-3 from the chapter's config files (SCENARIO_CONFIGS), on a
+    GPU host (PyTorch's pinning): peak bytes per GPU, fits or not, host bytes per node."""
     rows = []
-    for label, (optimizer, param) in OFFLOAD_LEVELS.items():
-        if param and stage != 3:
-            continue
-        estimate = memory.estimate(preset, stage=stage, gpus_per_node=gpus, offload_optimizer=optimizer,
-                                   offload_param=param, **options)
-        rows.append(dict(setup=f"{preset}, {gpus} x {gpu}, ZeRO-{stage}", offload=label,
+    for label, name in SCENARIO_CONFIGS.items():
+        estimate = memory.estimate(preset, gpus_per_node=gpus, ds_config=config_lib.load(CONFIGS / name), **options)
+        rows.append(dict(setup=f"{preset}, {gpus} x {gpu}, ZeRO-3", offload=label, config=name,
                          gpu_bytes=estimate.total_per_gpu_bytes, fits=estimate.fits(memory.GPUS[gpu]),
                          host_bytes=estimate.host_per_node_bytes))
+    return rows
+
+
+def recorded_thread_rows() -> list[dict]:
+    """Run r (chapter 9): the same ZeRO-2 offload case on one H200 host, run once each with CPU Adam on 16, 8 and 4
+    OpenMP threads (three invocations one after another): DeepSpeed's `step` timer (the CPU optimizer step), the
+    whole step, tokens/s, and the host the result file records."""
+    rows = []
+    for threads, suffix in gpu_report.THREADS.items():
+        result = gpu_report.result_file(suffix)
+        assert result["environment"]["OMP_NUM_THREADS"] == str(threads), suffix
+        for row in gpu_report.offload_rows(suffix):
+            rows.append(dict(row, threads=threads, run=suffix, date=result["date"][:10], preset=result["preset"],
+                             gpu=result["host"]["gpus"][0], cpu_cores=result["host"]["cpu_cores"],
+                             host_memory_gib=result["host"]["host_memory_gib"]))
     return rows
 
 
@@ -128,6 +151,13 @@ LAUNCHERS = {
     "deepspeed, 2 processes": ["-m", "deepspeed.launcher.runner", "--num_gpus=2", "--module", "labs.course.omp_probe"],
     "accelerate launch, 1 process": ["-m", "accelerate.commands.launch", "--num_processes=1", "--num_machines=1",
                                      "--mixed_precision=no", "--dynamo_backend=no", "-m", "labs.course.omp_probe"],
+    # with DeepSpeed, accelerate hands over to torchrun (one host) without setting OMP_NUM_THREADS itself
+    "accelerate + DeepSpeed, 2 processes": ["-m", "accelerate.commands.launch", "--use_deepspeed", "--zero_stage=3",
+                                            "--num_processes=2", "--num_machines=1", "--mixed_precision=no",
+                                            "--dynamo_backend=no", "-m", "labs.course.omp_probe"],
+    "accelerate + DeepSpeed, 1 process": ["-m", "accelerate.commands.launch", "--use_deepspeed", "--zero_stage=3",
+                                          "--num_processes=1", "--num_machines=1", "--mixed_precision=no",
+                                          "--dynamo_backend=no", "-m", "labs.course.omp_probe"],
 }
 
 
@@ -148,11 +178,22 @@ def launcher_threads(names=tuple(LAUNCHERS)) -> dict:
     return found
 
 
+def recorded_nvme() -> dict:
+    """Run q (chapter 9): ZeRO-3 full offload of the 3B shape on one H200 host, the optimizer state in host memory
+    against the same on the host's disk (NVMe offload), one invocation: each case's offload_rows row, the host, the
+    disk's direct-I/O bandwidth (dd, GB/s) and the swap folder's size after the run (GiB)."""
+    suffix = gpu_report.RUNS["nvme"]
+    result = gpu_report.result_file(suffix)
+    cases = {("nvme" if "nvme" in r["case"] else "cpu"): r for r in gpu_report.offload_rows(suffix)}
+    return dict(cases, run=suffix, date=result["date"][:10], gpu=result["host"]["gpus"][0],
+                cpu_cores=result["host"]["cpu_cores"], host_memory_gib=result["host"]["host_memory_gib"],
+                disk=gpu_report.disk_bandwidth(), swap_gib=gpu_report.nvme_swap_gib())
+
+
 def nvme_ready() -> tuple[bool, str]:
     """Can ZeRO-Infinity's NVMe offload run here? It needs a GPU and DeepSpeed's async I/O op (libaio)."""
     if not _has_gpu():
-        return False, ("no GPU here: DeepSpeed's NVMe offload swaps through GPU-side buffers, and labs refuses "
-                       "\"nvme\" without one")
+        return False, "no GPU here: labs runs NVMe offload on a GPU host with DeepSpeed's async I/O op (libaio)"
     os.environ.setdefault("DS_ACCELERATOR", "cuda")
     from deepspeed.accelerator import get_accelerator
 
