@@ -11,6 +11,10 @@ from labs.course.sources import Claim, Computed, Read, See
 TUTORIAL = "001"
 STEP_COST = "What a step costs"        # chapter 3's recorded H200 offload step, read within the run
 
+# Chapter 3's 70B full offload on a GPU host (PyTorch's pinning), host TiB and bytes per parameter
+PINNED_70B = r"PyTorch's pinning \(a GPU host\):\s+host memory ([\d.]+) TiB \(([\d.]+) bytes per parameter\)"
+
+
 CLAIMS = [
     Claim("001", "1", "Plain DDP cannot train a 13B model on 24 GB cards.", "true",
           "without ZeRO every card holds all model states, {bytes} bytes per parameter: {gb} GB before any "
@@ -61,21 +65,22 @@ CLAIMS = [
           "{needed} s, where two H200s stepped their halves in {half} s. No run without offload on one H200 was "
           "recorded, so this is a bound, not a like-for-like pair.", "step = {ratio} x its GPU part",
           (Read(CH3, STEP_COST, r"the step takes (\S+) x its GPU part", ("ratio",)),
-           Read(CH3, STEP_COST, r"of the model\): (\S+) s; for offload to cost only 50%.*? would have to take (\S+) s",
+           Read(CH3, STEP_COST,
+                r"of the model\): (\S+) s;\s+for offload to cost only 50%.*? would have to take (\S+) s",
                 ("half", "needed")))),
     Claim("001", "1", "Offload needs more CPU memory: 256 GB or more is recommended.", "partly",
           "enough for Qwen-7B: optimizer offload needs {host7} GiB on the node; not for the 70B model its next "
           "section offloads, which needs {host70} TiB with everything offloaded to the CPU.",
           "{host7} GiB (7B), {host70} TiB (70B)",
-          (Read(CH3, SCENARIOS, r"^qwen-7b, 4 x RTX3090, ZeRO-3\s+optimizer\s+\S+\s+\S+\s+(\S+)\s*$", ("host7",)),
-           Read(CH3, SCENARIOS, r"host memory ([\d.]+) TiB", ("host70",)))),
+          (Read(CH3, SCENARIOS, r"^qwen-7b, 4 x RTX3090, ZeRO-3\s+optimizer\s+\S+\.json\s+\S+\s+\S+\s+(\S+)\s*$",
+                ("host7",)),
+           Read(CH3, SCENARIOS, PINNED_70B, ("host70", "per_param")))),
     Claim("001", "2.2", "With very little GPU memory (one RTX 3090 for a 70B model), ZeRO-3 Offload to the CPU is "
           "the way.", "false",
           "the GPU side would fit, the host side does not: a 70B model with everything offloaded needs {host70} TiB "
           "of host memory ({per_param} bytes per parameter); offload to NVMe is the way (chapter 3).",
           "{host70} TiB of host memory",
-          (Read(CH3, SCENARIOS, r"host memory ([\d.]+) TiB \(about (\d+) bytes per parameter\)",
-                ("host70", "per_param")), See(CH3, "NVMe offload (ZeRO-Infinity)"))),
+          (Read(CH3, SCENARIOS, PINNED_70B, ("host70", "per_param")), See(CH3, "NVMe offload (ZeRO-Infinity)"))),
     Claim("001", "2.1, 2.2", "Its ZeRO-2 and ZeRO-3 Offload files, with `//` comments, are ready to use.", "partly",
           "DeepSpeed's reader (hjson) accepts comments: the ZeRO-2 file {hjson}; Python's json, which the HF "
           "Trainer and accelerate use, stops at the first one with a {json}.", "hjson: {hjson}; json: {json}",
