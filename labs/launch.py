@@ -179,7 +179,11 @@ def _train(spec, resolved, env, repairs, work: Path, out: Path, stream: bool, no
     """Write the run's records into the working folder, launch its ranks and wait; a failure raises (see run)."""
     command = launcher_command(spec["nproc"], work, nodes, cpu=spec.get("device") == "cpu")
     if nodes is not None and nodes.launcher == "deepspeed" and nodes.node_rank is None:     # ranks started over ssh
-        env["DS_ENV_FILE"] = str(remote_env.write(env, work))
+        path, dropped = remote_env.write(env, work)
+        env["DS_ENV_FILE"] = str(path)
+        if dropped:
+            print(f"labs: not passed to the other hosts (a quote, $ or newline in the value): {', '.join(dropped)}",
+                  flush=True)
     (work / "run.json").write_text(json.dumps(spec, indent=1) + "\n")
     (work / "ds_config.json").write_text(json.dumps(resolved, indent=1) + "\n")
     (work / "command.txt").write_text(shlex.join(command) + "\n")
@@ -231,13 +235,15 @@ def _train(spec, resolved, env, repairs, work: Path, out: Path, stream: bool, no
 
 def _run_launcher(command: list[str], env: dict, work: Path, stream: bool, nodes) -> int:
     """The launcher under labs' supervisor, which stops every process of the run however it ends; then torchrun's
-    log tree in the working folder is removed (labs.multinode.TORCHRUN_LOGS: the ranks' rank*.err hold any error)."""
+    log tree in the working folder is removed (labs.multinode.TORCHRUN_LOGS: the ranks' rank*.err hold any error),
+    and the environment file for other hosts (labs.remote_env)."""
     try:
         with peers.heartbeat(nodes):    # several nodes: the others' ranks stop if this node goes silent
             return supervisor.run(command, env, work / "launch.log", echo=stream,
                                   start=prefork.start if command[1:3] == prefork.LAUNCHER else None)
     finally:
         shutil.rmtree(work / multinode.TORCHRUN_LOGS, ignore_errors=True)
+        (work / remote_env.FILE).unlink(missing_ok=True)           # it may hold the user's .deepspeed_env lines
 
 
 def rank_environment(nproc: int, cpu_offload: bool, cpu_only: bool) -> tuple[dict, list[str]]:

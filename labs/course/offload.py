@@ -179,9 +179,10 @@ def launcher_threads(names=tuple(LAUNCHERS)) -> dict:
 
 
 def recorded_nvme() -> dict:
-    """Run q (chapter 9): ZeRO-3 full offload of the 3B shape on one H200 host, the optimizer state in host memory
-    against the same on the host's disk (NVMe offload), one invocation: each case's offload_rows row, the host, the
-    disk's direct-I/O bandwidth (dd, GB/s) and the swap folder's size after the run (GiB)."""
+    """Run q (chapter 9): ZeRO-3 with the optimizer offloaded (parameters on the GPU), the 3B shape on one H200 host,
+    the optimizer state in host memory against the same on the host's disk (NVMe offload), one invocation: each
+    case's offload_rows row, the host, the disk's direct-I/O bandwidth (dd, GB/s) and the swap folder's size after
+    the run (GiB)."""
     suffix = gpu_report.RUNS["nvme"]
     result = gpu_report.result_file(suffix)
     cases = {("nvme" if "nvme" in r["case"] else "cpu"): r for r in gpu_report.offload_rows(suffix)}
