@@ -40,7 +40,8 @@ def comm_row(stage: int) -> Read:
 
 def scenario_row(setup: str, offload: str, prefix: str) -> Read:
     """Chapter 3's labs.memory scenario: GPU peak GiB, fits, host GiB per node."""
-    return Read(CH3, SCENARIOS, rf"^{_literal(setup)}\s+{_literal(offload)}\s+\S+\.json\s+(\S+)\s+(True|False)\s+(\S+)\s*$",
+    row = rf"^{_literal(setup)}\s+{_literal(offload)}\s+\S+\.json\s+(\S+)\s+(True|False)\s+(\S+)\s*$"
+    return Read(CH3, SCENARIOS, row,
                 (f"{prefix}_gpu", f"{prefix}_fits", f"{prefix}_host"))
 
 
