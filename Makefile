@@ -95,7 +95,12 @@ train-run: $(if $(filter 1,$(GPU)),$(GPU_STAMP),$(STAMP))
 #   and a test, and chapters 0, 9 and 10 moved to the unit tests' stream. Peak memory in use: 5.7 GiB, then 7.9 GiB.
 #   At the session's last commit, again paired: 17:40 (2:37; unit tests 14:00; chapters 1-8 12:22) against 53b65d0's
 #   19:00 forty minutes later (2:46; 15:13; 13:45): the VM had slowed, the gain held (make test 15:03 against 16:14).
-# CI took 1,015-1,758 s on its machines in the stops before (1,177 s for 53b65d0); the aim is under 20 minutes.
+# - 2026-12-07, afternoon (the VM slower still: the code-independent install took 2:56-3:16 against 1:59 at noon):
+#   68c1ab6 (chapters 3-8 revised, chapter 3 with two more launcher probes, chapter 4 a 25 s fused-loss cell) 17:09
+#   (install 3:16; unit tests 15:46; chapters 1-8 14:20) against 7e145f0's 17:40 twenty minutes later (2:56; 16:25;
+#   14:42; one browser test met a JupyterLab HTTP 500 there). At noon b7c77d1 took 13:13 (1:59).
+# CI took 1,015-1,758 s on its machines in the stops before (1,177 s for 53b65d0, 1,114 s for 7e145f0); the aim is
+# under 20 minutes.
 LATE_CHAPTERS := notebooks/00_quickstart.ipynb notebooks/09_qwen7b_on_gpu.ipynb notebooks/10_zenflow.ipynb
 EARLY_CHAPTERS := $(filter-out $(LATE_CHAPTERS),$(sort $(wildcard notebooks/*.ipynb)))
 test: export GLIBC_TUNABLES = $(TEST_TUNABLES)
