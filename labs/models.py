@@ -190,6 +190,14 @@ def hf_checkpointing(model) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
+def hf_checkpointing_on(model) -> bool:
+    """Whether HF's own activation checkpointing is on, read by the name the installed transformers offers (the
+    GPU hosts' older transformers has only `is_gradient_checkpointing`, which newer ones keep as a warning alias)."""
+    name = "is_activation_checkpointing" if hasattr(type(model), "is_activation_checkpointing") else \
+        "is_gradient_checkpointing"
+    return bool(getattr(model, name, False))
+
+
 def checkpointed_layers(how, num_layers: int) -> int:
     """How many decoder layers activation checkpointing covers: 'none' -> 0, 'full' -> all, a number k (int or
     string) -> the first k. The one parser of the setting: training, the memory model and the advisor use it."""

@@ -69,7 +69,7 @@ def measure(model, micro_batch: int, seq_len: int, seed=0) -> dict:
         forward = counter.get_total_flops()
         hidden.float().sum().backward()
     return dict(saved_bytes=sum(kept.values()), forward_flops=forward, step_flops=counter.get_total_flops(),
-                checkpointing=bool(model.is_activation_checkpointing))
+                checkpointing=models.hf_checkpointing_on(model))
 
 
 def predicted_bytes(dims: dict, micro_batch: int, seq_len: int, layers, dtype_bytes=2) -> int:
