@@ -89,6 +89,9 @@ def _check_can_listen(nodes: Nodes, addresses: set) -> None:
     port_flag = flags(nodes)[1]
     if not any(_bindable(address) for address in addresses):
         where = f"{nodes.host} ({', '.join(sorted(addresses))})"
+        if nodes.launcher == "deepspeed" and nodes.node_rank is None:     # a one-host hostfile: a local launch
+            raise LabsError(f"--hostfile: its only host in use runs here, rank 0 with it, but --master-addr {where} "
+                            "is not this host: give this host's address as --master-addr, or leave it out")
         if nodes.launcher == "deepspeed":
             raise LabsError(f"--node-rank 0 is where rank 0 runs, but --master-addr {where} is not this host: run "
                             "node 0 there, or give this host's address as --master-addr")
@@ -98,7 +101,7 @@ def _check_can_listen(nodes: Nodes, addresses: set) -> None:
         try:
             probe.bind(("", nodes.port))
         except OSError:
-            shown = nodes.endpoint if port_flag == "--rdzv-endpoint" else nodes.port
+            shown = nodes.port if nodes.launcher == "deepspeed" else nodes.endpoint
             raise LabsError(f"{port_flag} {shown}: port {nodes.port} is in use on this host; choose "
                             "another port (the same on every node)") from None
 

@@ -173,6 +173,9 @@ def test_deepspeed_hostfile_mode_checks_pdsh_and_the_first_hosts_address(tmp_pat
     one = tmp_path / "one"
     one.write_text("localhost slots=2\n")
     rendezvous.check_endpoint(multinode.deepspeed_nodes(one, master_port=rendezvous.free_port()))   # local: no pdsh
+    with pytest.raises(LabsError, match=r"^--hostfile: its only host in use runs here, rank 0 with it, but "
+                                        r"--master-addr 192.0.2.1 \(192.0.2.1\) is not this host"):     # no --node-rank
+        rendezvous.check_endpoint(multinode.deepspeed_nodes(one, master_addr="192.0.2.1"))
     rendezvous.check_endpoint(multinode.deepspeed_nodes(two, master_addr="127.0.0.1", node_rank=0,
                                                         master_port=rendezvous.free_port()))   # --no_ssh: no pdsh
     monkeypatch.setattr(rendezvous.shutil, "which", lambda name: f"/usr/bin/{name}")
