@@ -7,15 +7,18 @@
   its Python traceback, the signal that killed it, or the kernel's OOM killer.
 
     python -m labs.supervisor TORCHRUN_ARGS...     # what labs runs: sets the parent-death signal, then execs
+    with supervisor.own_tmpdir(env) as env: ...     # a stock torchrun or accelerate launch leaves no /tmp tree
 """
 from __future__ import annotations
 
 import contextlib
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from labs.errors import RunStopped
@@ -168,3 +171,17 @@ if __name__ == "__main__":
     if os.getppid() == 1:
         sys.exit("labs.supervisor: labs exited before the launcher started")
     os.execv(sys.argv[1], sys.argv[1:])
+
+
+@contextlib.contextmanager
+def own_tmpdir(env: dict):
+    """`env` with a TMPDIR of its own for a stock launcher and its ranks. Left alone, torchrun (and accelerate launch,
+    which hands over to it) makes a /tmp/torchelastic_* tree at every launch and never removes it: chapter 8's routes
+    and chapters 3 and 6's launcher probes left about 15 in one make test. labs' own launches pass --log-dir into the
+    run folder instead (labs.multinode.TORCHRUN_LOGS). The folder is made here and removed when the block ends, with
+    what the launch wrote into it and nothing else."""
+    folder = tempfile.mkdtemp(prefix="labs-launch-")
+    try:
+        yield dict(env, TMPDIR=folder)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

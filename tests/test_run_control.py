@@ -6,12 +6,13 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from conftest import ROOT, descendants, interruptible, labs_env, parent_pid, still_running
 
-from labs import launch, prefork
+from labs import launch, prefork, supervisor
 
 STOP_WITHIN_S = 15
 
@@ -177,3 +178,19 @@ def test_cpu_ranks_start_through_the_fork_launcher_whose_agent_it_can_watch(tmp_
     assert launch.launcher_command(2, tmp_path)[1:3] == ["-m", "torch.distributed.run"]
     assert elastic_api.mp is torch.multiprocessing
     assert "mp.start_processes(" in inspect.getsource(elastic_api.MultiprocessContext._start)
+
+
+def test_a_stock_torchrun_leaves_no_tree_in_the_callers_tmpdir(tmp_path, monkeypatch):
+    """torchrun left alone makes a torchelastic_* tree in TMPDIR at every launch and never removes it (about 15 a
+    make test, from chapter 8's routes and the launcher probes). Under supervisor.own_tmpdir the launch gets a
+    folder of its own, removed afterwards: the caller's TMPDIR stays empty."""
+    from labs.course import offload
+
+    callers = tmp_path / "tmp"
+    callers.mkdir()
+    monkeypatch.setenv("TMPDIR", str(callers))       # what the launcher would inherit without own_tmpdir
+    assert offload.launcher_threads(["torchrun, 1 process"]) == {"torchrun, 1 process": [None]}
+    assert list(callers.iterdir()) == []
+    with supervisor.own_tmpdir({"TMPDIR": str(callers), "A": "1"}) as env:
+        assert Path(env["TMPDIR"]).is_dir() and env["A"] == "1" and env["TMPDIR"] != str(callers)
+    assert not Path(env["TMPDIR"]).exists()

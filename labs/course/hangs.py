@@ -20,6 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from labs import supervisor
 from labs.env import importable_path
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -50,7 +51,8 @@ SETTINGS = (
 def probe(mode: str, timeout_s: float = 3.0, debug: str | None = None) -> list[dict]:
     """Run the 2-rank probe and return each rank's report (sorted by rank)."""
     with tempfile.TemporaryDirectory() as folder:
-        subprocess.run(_command(mode, timeout_s, folder), env=_env(debug), capture_output=True, timeout=120)
+        with supervisor.own_tmpdir(_env(debug)) as env:
+            subprocess.run(_command(mode, timeout_s, folder), env=env, capture_output=True, timeout=120)
         return _reports(folder)
 
 
@@ -59,8 +61,8 @@ def stuck(timeout_s: float = 8.0, spy_after_s: float = 2.0) -> dict:
     (if py-spy is installed); then rank 0's collective timeout fires. Returns {"dumps": {rank: text} or
     {"skipped": why}, "reports": [each rank's report]}."""
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-    with tempfile.TemporaryDirectory() as folder:
-        process = subprocess.Popen(_command("timeout", timeout_s, folder), env=_env(None),
+    with tempfile.TemporaryDirectory() as folder, supervisor.own_tmpdir(_env(None)) as env:
+        process = subprocess.Popen(_command("timeout", timeout_s, folder), env=env,
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         try:
             pids = {}

@@ -25,7 +25,7 @@ import time
 
 from labs import CONFIGS, ROOT
 from labs import config as config_lib
-from labs import memory
+from labs import memory, supervisor
 from labs.course import gpu_report
 from labs.env import importable_path, repaired_environment
 
@@ -169,8 +169,9 @@ def launcher_threads(names=tuple(LAUNCHERS)) -> dict:
     env["PYTHONPATH"] = importable_path(env)
     found = {}
     for name in names:
-        result = subprocess.run([sys.executable, *LAUNCHERS[name]], env=env, capture_output=True, text=True,
-                                timeout=300, cwd=ROOT)
+        with supervisor.own_tmpdir(env) as launch_env:
+            result = subprocess.run([sys.executable, *LAUNCHERS[name]], env=launch_env, capture_output=True, text=True,
+                                    timeout=300, cwd=ROOT)
         lines = [json.loads(m) for m in re.findall(r"omp-probe (\{[^}]*\})", result.stdout + result.stderr)]
         if result.returncode != 0 or not lines:
             raise RuntimeError(f"{name} failed (exit {result.returncode}):\n{(result.stdout + result.stderr)[-2000:]}")

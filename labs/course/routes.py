@@ -100,7 +100,8 @@ def run(route, out, stream=False, label=None, **kwargs) -> "RouteRun":
             (work / "route.json").write_text(json.dumps(spec, indent=1) + "\n")
             (work / "command.txt").write_text(shlex.join(command) + "\n")
             # Owned as labs train owns torchrun: an interrupt stops the launcher's whole session, ranks included.
-            code = supervisor.run(command, env, work / "launch.log", echo=stream)
+            with supervisor.own_tmpdir(env) as launch_env:
+                code = supervisor.run(command, launch_env, work / "launch.log", echo=stream)
             if code != 0 or len(list(work.glob("rank*.json"))) != spec["nproc"]:
                 raise RankFailed(_failure(work, code))
         runfolder.publish(work, out)

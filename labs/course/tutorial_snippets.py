@@ -21,6 +21,7 @@ from unittest import mock
 
 import hjson
 
+from labs import supervisor
 from labs.env import importable_path
 
 # The tutorial's ZeRO-2 file (its section 2.1: "ZeRO-2, recommended for most fine-tuning with enough GPU memory").
@@ -215,8 +216,9 @@ def accelerate_launch(arguments: list[str], folder, timeout=120) -> tuple[int, s
     env["PYTHONPATH"] = importable_path(env)
     if "DS_ACCELERATOR" not in env and not _cuda():
         env["DS_ACCELERATOR"] = "cpu"
-    done = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", *arguments], cwd=folder, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    with supervisor.own_tmpdir(env) as launch_env:
+        done = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", *arguments], cwd=folder,
+                              env=launch_env, capture_output=True, text=True, timeout=timeout)
     lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
     return done.returncode, lines[-1] if lines else ""
 
