@@ -46,12 +46,16 @@ def check_endpoint(nodes: Nodes) -> None:
 
 
 def _check_runner(nodes: Nodes, addresses: set) -> None:
-    """DeepSpeed's runner (deepspeed/launcher/runner.py) starts the hosts in use through pdsh when there are several
-    (one host: a local launch), and rank 0 runs on the first of them, which may or may not be this host: so pdsh
-    must be installed, and --master-addr must be that first host's address (checked where both names resolve
-    here); if it is this host, the port must be free. Its ssh check of the first host is the runner's own."""
+    """DeepSpeed's runner (deepspeed/launcher/runner.py) starts the hosts in use through pdsh when there are several,
+    and rank 0 runs on the first of them, which may or may not be this host: so pdsh must be installed, and
+    --master-addr must be that first host's address (checked where both names resolve here); if it is this host, the
+    port must be free. Its ssh check of the first host is the runner's own. One host in use is a local launch,
+    whatever the host is called: rank 0 runs here, so --master-addr must be this host's."""
     first = next(iter(nodes.hosts))
-    if len(nodes.hosts) > 1 and shutil.which(REMOTE_LAUNCHER) is None:
+    if len(nodes.hosts) == 1:
+        _check_can_listen(nodes, addresses)
+        return
+    if shutil.which(REMOTE_LAUNCHER) is None:
         raise LabsError(f"--hostfile: DeepSpeed's launcher starts the {len(nodes.hosts)} hosts' ranks with "
                         f"{REMOTE_LAUNCHER}, which is not installed here: install it (e.g. `apt-get install "
                         f"{REMOTE_LAUNCHER}`) with passwordless ssh to every host, or run `labs train` on each host "
@@ -60,7 +64,7 @@ def _check_runner(nodes: Nodes, addresses: set) -> None:
         first_addresses = _addresses(first, nodes.port)
     except socket.gaierror:
         return                          # a name only ssh knows (~/.ssh/config): nothing to compare here
-    if len(nodes.hosts) > 1 and not addresses & first_addresses:
+    if not addresses & first_addresses:
         raise LabsError(f"--master-addr {nodes.host} ({', '.join(sorted(addresses))}) is not the hostfile's first host "
                         f"in use, {first} ({', '.join(sorted(first_addresses))}), where rank 0 runs: give that host's "
                         "address as --master-addr")
@@ -89,9 +93,10 @@ def _check_can_listen(nodes: Nodes, addresses: set) -> None:
     port_flag = flags(nodes)[1]
     if not any(_bindable(address) for address in addresses):
         where = f"{nodes.host} ({', '.join(sorted(addresses))})"
-        if nodes.launcher == "deepspeed" and nodes.node_rank is None:     # a one-host hostfile: a local launch
-            raise LabsError(f"--hostfile: its only host in use runs here, rank 0 with it, but --master-addr {where} "
-                            "is not this host: give this host's address as --master-addr, or leave it out")
+        if nodes.launcher == "deepspeed" and nodes.node_rank is None and len(nodes.hosts) == 1:
+            raise LabsError(f"--hostfile names one host in use, which DeepSpeed's launcher starts on this machine "
+                            f"(rank 0 here), but --master-addr {where} is not this host: give this host's address "
+                            "as --master-addr, or leave it out")
         if nodes.launcher == "deepspeed":
             raise LabsError(f"--node-rank 0 is where rank 0 runs, but --master-addr {where} is not this host: run "
                             "node 0 there, or give this host's address as --master-addr")

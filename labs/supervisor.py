@@ -165,6 +165,21 @@ def oom_kills() -> int | None:
     return None
 
 
+@contextlib.contextmanager
+def own_tmpdir(env: dict):
+    """`env` with a TMPDIR of its own for a stock launcher and its ranks. Left alone, torchrun makes a
+    /tmp/torchelastic_* tree at every launch and never removes it (so does accelerate launch where it hands over to
+    torchrun: several processes, or DeepSpeed on one host), as chapter 8's routes and chapters 3 and 6's launcher
+    probes did. labs' own launches pass --log-dir into the run folder instead (labs.multinode.TORCHRUN_LOGS). The
+    folder is made here, inside the caller's TMPDIR if it names one, and removed when the block ends, with what the
+    launch wrote into it and nothing else."""
+    folder = tempfile.mkdtemp(prefix="labs-launch-", dir=env.get("TMPDIR"))
+    try:
+        yield dict(env, TMPDIR=folder)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 if __name__ == "__main__":
     # The launcher's own process: take SIGTERM when labs dies, then become the launcher (exec keeps that setting).
     die_with_parent(signal.SIGTERM)
@@ -172,16 +187,3 @@ if __name__ == "__main__":
         sys.exit("labs.supervisor: labs exited before the launcher started")
     os.execv(sys.argv[1], sys.argv[1:])
 
-
-@contextlib.contextmanager
-def own_tmpdir(env: dict):
-    """`env` with a TMPDIR of its own for a stock launcher and its ranks. Left alone, torchrun (and accelerate launch,
-    which hands over to it) makes a /tmp/torchelastic_* tree at every launch and never removes it: chapter 8's routes
-    and chapters 3 and 6's launcher probes left about 15 in one make test. labs' own launches pass --log-dir into the
-    run folder instead (labs.multinode.TORCHRUN_LOGS). The folder is made here and removed when the block ends, with
-    what the launch wrote into it and nothing else."""
-    folder = tempfile.mkdtemp(prefix="labs-launch-")
-    try:
-        yield dict(env, TMPDIR=folder)
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)

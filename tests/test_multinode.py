@@ -173,9 +173,14 @@ def test_deepspeed_hostfile_mode_checks_pdsh_and_the_first_hosts_address(tmp_pat
     one = tmp_path / "one"
     one.write_text("localhost slots=2\n")
     rendezvous.check_endpoint(multinode.deepspeed_nodes(one, master_port=rendezvous.free_port()))   # local: no pdsh
-    with pytest.raises(LabsError, match=r"^--hostfile: its only host in use runs here, rank 0 with it, but "
-                                        r"--master-addr 192.0.2.1 \(192.0.2.1\) is not this host"):     # no --node-rank
+    refused = r"^--hostfile names one host in use, .* --master-addr 192.0.2.1 \(192.0.2.1\) is not this host"
+    with pytest.raises(LabsError, match=refused):                                                # no --node-rank
         rendezvous.check_endpoint(multinode.deepspeed_nodes(one, master_addr="192.0.2.1"))
+    elsewhere_one = tmp_path / "elsewhere_one"          # the runner launches one host here, whatever it is called
+    elsewhere_one.write_text("192.0.2.7 slots=2\n")
+    with pytest.raises(LabsError, match=refused):
+        rendezvous.check_endpoint(multinode.deepspeed_nodes(elsewhere_one, master_addr="192.0.2.1"))
+    rendezvous.check_endpoint(multinode.deepspeed_nodes(elsewhere_one, master_port=rendezvous.free_port()))
     rendezvous.check_endpoint(multinode.deepspeed_nodes(two, master_addr="127.0.0.1", node_rank=0,
                                                         master_port=rendezvous.free_port()))   # --no_ssh: no pdsh
     monkeypatch.setattr(rendezvous.shutil, "which", lambda name: f"/usr/bin/{name}")

@@ -181,9 +181,9 @@ def test_cpu_ranks_start_through_the_fork_launcher_whose_agent_it_can_watch(tmp_
 
 
 def test_a_stock_torchrun_leaves_no_tree_in_the_callers_tmpdir(tmp_path, monkeypatch):
-    """torchrun left alone makes a torchelastic_* tree in TMPDIR at every launch and never removes it (about 15 a
-    make test, from chapter 8's routes and the launcher probes). Under supervisor.own_tmpdir the launch gets a
-    folder of its own, removed afterwards: the caller's TMPDIR stays empty."""
+    """torchrun left alone makes a torchelastic_* tree in TMPDIR at every launch and never removes it (chapter 8's
+    routes and the launcher probes left them in /tmp). Under supervisor.own_tmpdir the launch gets a folder of its own
+    inside the caller's TMPDIR, removed afterwards, also when the block raises: the caller's TMPDIR ends empty."""
     from labs.course import offload
 
     callers = tmp_path / "tmp"
@@ -191,6 +191,7 @@ def test_a_stock_torchrun_leaves_no_tree_in_the_callers_tmpdir(tmp_path, monkeyp
     monkeypatch.setenv("TMPDIR", str(callers))       # what the launcher would inherit without own_tmpdir
     assert offload.launcher_threads(["torchrun, 1 process"]) == {"torchrun, 1 process": [None]}
     assert list(callers.iterdir()) == []
-    with supervisor.own_tmpdir({"TMPDIR": str(callers), "A": "1"}) as env:
-        assert Path(env["TMPDIR"]).is_dir() and env["A"] == "1" and env["TMPDIR"] != str(callers)
-    assert not Path(env["TMPDIR"]).exists()
+    with pytest.raises(KeyboardInterrupt), supervisor.own_tmpdir({"TMPDIR": str(callers), "A": "1"}) as env:
+        assert Path(env["TMPDIR"]).parent == callers and env["A"] == "1"
+        raise KeyboardInterrupt
+    assert list(callers.iterdir()) == []

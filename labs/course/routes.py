@@ -212,7 +212,8 @@ def _accelerate_yaml(path) -> dict:
 def _failure(work: Path, code: int) -> str:
     errors = sorted(work.glob("rank*.err"), key=lambda p: p.stat().st_mtime)
     if errors:
-        return f"{errors[0].stem.replace('rank', 'rank ')} failed (launcher exit code {code}):\n" + errors[0].read_text()
+        rank = errors[0].stem.replace("rank", "rank ")
+        return f"{rank} failed (launcher exit code {code}):\n" + errors[0].read_text()
     tail = (work / "launch.log").read_bytes()[-4000:].decode("utf-8", "replace")
     return f"the launcher exited with code {code} before any rank reported an error; its output ended:\n{tail}"
 
