@@ -19,6 +19,16 @@ from labs import env as env_lib
 from labs import prefork
 from labs.course.multinode import free_port
 
+LOGS: list[str] = []        # set by launcher_logs
+
+
+@pytest.fixture(scope="module", autouse=True)
+def launcher_logs(tmp_path_factory):
+    """torchrun's log tree for every launcher these tests start (labs' own runs pass --log-dir into the run folder;
+    without one, torchrun leaves a /tmp/torchelastic_* tree at each launch)."""
+    global LOGS
+    LOGS = [f"--log-dir={tmp_path_factory.mktemp('torchelastic')}"]
+
 
 def _environment(**extra) -> dict:
     env, _ = env_lib.repaired_environment(2, cpu_offload=False)
@@ -28,13 +38,13 @@ def _environment(**extra) -> dict:
 
 
 def _launch(args, env):
-    process = prefork.start([sys.executable, *prefork.LAUNCHER, *args], env)
+    process = prefork.start([sys.executable, *prefork.LAUNCHER, *LOGS, *args], env)
     return process, process.stdout.read().decode(), process.wait(timeout=120)
 
 
 def _waiting_launcher(env):
     """Node 0 of two, waiting for a node 1 that never comes: a launcher that stays until it is stopped."""
-    return prefork.start([sys.executable, *prefork.LAUNCHER, "--nnodes=2", "--node-rank=0", "--nproc-per-node=1",
+    return prefork.start([sys.executable, *prefork.LAUNCHER, *LOGS, "--nnodes=2", "--node-rank=0", "--nproc-per-node=1",
                           "--rdzv-backend=static", f"--rdzv-endpoint=127.0.0.1:{free_port()}",
                           "--rdzv-conf=timeout=120", "-m", "labs.rank", "unused"], env)
 
@@ -146,7 +156,7 @@ def _child(tmp_path, env, user=None) -> subprocess.Popen:
     """Another labs process, started by this one (as a test's or a notebook's `labs train` is): it asks for a waiting
     launcher with `env` and prints what it got, then sleeps. `user`: it becomes that user before it asks (root only)."""
     request = tmp_path / "request.json"
-    command = [sys.executable, *prefork.LAUNCHER, "--nnodes=2", "--node-rank=0", "--nproc-per-node=1",
+    command = [sys.executable, *prefork.LAUNCHER, *LOGS, "--nnodes=2", "--node-rank=0", "--nproc-per-node=1",
                "--rdzv-backend=static", f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--rdzv-conf=timeout=120",
                "-m", "labs.rank", "unused"]
     request.write_text(json.dumps({"command": command, "env": env}))
