@@ -99,8 +99,12 @@ train-run: $(if $(filter 1,$(GPU)),$(GPU_STAMP),$(STAMP))
 #   68c1ab6 (chapters 3-8 revised, chapter 3 with two more launcher probes, chapter 4 a 25 s fused-loss cell) 17:09
 #   (install 3:16; unit tests 15:46; chapters 1-8 14:20) against 7e145f0's 17:40 twenty minutes later (2:56; 16:25;
 #   14:42; one browser test met a JupyterLab HTTP 500 there). At noon b7c77d1 took 13:13 (1:59).
-# CI took 1,015-1,758 s on its machines in the stops before (1,177 s for 53b65d0, 1,114 s for 7e145f0); the aim is
-# under 20 minutes.
+# - 2026-12-07, evening (install 3:07-3:46 throughout): 9b9e945 22:20 and 21:20 two hours apart; b0c3530 20:46;
+#   3542fd6 22:23; 91f94fa 20:12 (install 3:13; unit tests 15:40; chapters 1-8 14:15). vmstat: 0-2% idle through the
+#   tests (only pip leaves a core idle), so a third stream cannot help. Unit tests alone: 13:10, 779 of 791 s in the
+#   120 tests that start processes; a tiny step is 0.56 s, most of it the 151,936-word LM head's products.
+# CI took 1,015-1,758 s on its machines in the stops before (1,177 s for 53b65d0, 1,114 s for 7e145f0, 1,283 s for
+# 9b9e945); the aim is under 20 minutes.
 LATE_CHAPTERS := notebooks/00_quickstart.ipynb notebooks/09_qwen7b_on_gpu.ipynb notebooks/10_zenflow.ipynb
 EARLY_CHAPTERS := $(filter-out $(LATE_CHAPTERS),$(sort $(wildcard notebooks/*.ipynb)))
 test: export GLIBC_TUNABLES = $(TEST_TUNABLES)
