@@ -186,4 +186,3 @@ if __name__ == "__main__":
     if os.getppid() == 1:
         sys.exit("labs.supervisor: labs exited before the launcher started")
     os.execv(sys.argv[1], sys.argv[1:])
-

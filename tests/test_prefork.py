@@ -42,11 +42,15 @@ def _launch(args, env):
     return process, process.stdout.read().decode(), process.wait(timeout=120)
 
 
-def _waiting_launcher(env):
+def _waiting_command() -> list[str]:
     """Node 0 of two, waiting for a node 1 that never comes: a launcher that stays until it is stopped."""
-    return prefork.start([sys.executable, *prefork.LAUNCHER, *LOGS, "--nnodes=2", "--node-rank=0", "--nproc-per-node=1",
-                          "--rdzv-backend=static", f"--rdzv-endpoint=127.0.0.1:{free_port()}",
-                          "--rdzv-conf=timeout=120", "-m", "labs.rank", "unused"], env)
+    return [sys.executable, *prefork.LAUNCHER, *LOGS, "--nnodes=2", "--node-rank=0", "--nproc-per-node=1",
+            "--rdzv-backend=static", f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--rdzv-conf=timeout=120",
+            "-m", "labs.rank", "unused"]
+
+
+def _waiting_launcher(env):
+    return prefork.start(_waiting_command(), env)
 
 
 def test_a_launcher_gets_the_runs_output_pipe_exit_code_and_environment():
@@ -156,10 +160,7 @@ def _child(tmp_path, env, user=None) -> subprocess.Popen:
     """Another labs process, started by this one (as a test's or a notebook's `labs train` is): it asks for a waiting
     launcher with `env` and prints what it got, then sleeps. `user`: it becomes that user before it asks (root only)."""
     request = tmp_path / "request.json"
-    command = [sys.executable, *prefork.LAUNCHER, *LOGS, "--nnodes=2", "--node-rank=0", "--nproc-per-node=1",
-               "--rdzv-backend=static", f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--rdzv-conf=timeout=120",
-               "-m", "labs.rank", "unused"]
-    request.write_text(json.dumps({"command": command, "env": env}))
+    request.write_text(json.dumps({"command": _waiting_command(), "env": env}))
     code = ("import json, os, sys, time\n"
             "from labs import prefork\n"
             "asked = json.load(open(sys.argv[1]))\n"

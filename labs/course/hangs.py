@@ -50,9 +50,8 @@ SETTINGS = (
 # ---------------------------------------------------------------------------------------------- host side
 def probe(mode: str, timeout_s: float = 3.0, debug: str | None = None) -> list[dict]:
     """Run the 2-rank probe and return each rank's report (sorted by rank)."""
-    with tempfile.TemporaryDirectory() as folder:
-        with supervisor.own_tmpdir(_env(debug)) as env:
-            subprocess.run(_command(mode, timeout_s, folder), env=env, capture_output=True, timeout=120)
+    with tempfile.TemporaryDirectory() as folder, supervisor.own_tmpdir(_env(debug)) as env:
+        subprocess.run(_command(mode, timeout_s, folder), env=env, capture_output=True, timeout=120)
         return _reports(folder)
 
 
