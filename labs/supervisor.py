@@ -8,6 +8,7 @@
 
     python -m labs.supervisor TORCHRUN_ARGS...     # what labs runs: sets the parent-death signal, then execs
     with supervisor.own_tmpdir(env) as env: ...     # a stock torchrun or accelerate launch leaves no /tmp tree
+    supervisor.run_captured(command, env, timeout)  # a stock launch run to its end; a timeout or Ctrl-C ends all of it
 """
 from __future__ import annotations
 
@@ -178,6 +179,66 @@ def own_tmpdir(env: dict):
         yield dict(env, TMPDIR=folder)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def run_captured(command: list[str], env: dict, timeout: float, cwd=None) -> subprocess.CompletedProcess:
+    """subprocess.run(command, capture_output=True, text=True, timeout=timeout) for a stock launcher (torchrun,
+    DeepSpeed's, accelerate launch), in a TMPDIR of its own (own_tmpdir), that leaves no process behind. On a timeout
+    or an interrupt subprocess.run sends SIGKILL to the launcher alone; torchrun starts each rank in a session of its
+    own, so the ranks ran on (measured: `torchrun --nproc-per-node=2 --no-python sleep ...` past its timeout left both
+    sleeps). Here (end_launch) the launcher's session gets SIGTERM, on which torchrun stops its ranks, its output
+    still drained (a launcher blocked on a full pipe would not exit), SIGKILL after the grace period, and then SIGKILL
+    to any process found below the launcher when it was stopped."""
+    with own_tmpdir(env) as launch_env:
+        process = subprocess.Popen(command, env=launch_env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   text=True, start_new_session=True)
+        try:
+            out, err = process.communicate(timeout=timeout)
+        except BaseException:
+            end_launch(process)
+            raise
+    return subprocess.CompletedProcess(command, process.returncode, out, err)
+
+
+def end_launch(process: subprocess.Popen):
+    """Stop a stock launcher started in a session of its own, and everything below it (see run_captured)."""
+    below = descendants(process.pid)
+    _signal_session(process, signal.SIGTERM)
+    try:
+        process.communicate(timeout=GRACE_S)
+    except subprocess.TimeoutExpired:
+        _signal_session(process, signal.SIGKILL)
+        process.communicate()
+    for pid, started in below.items():
+        _kill_if_same(pid, started)
+
+
+def _signal_session(process: subprocess.Popen, sig: int):
+    if process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, sig)
+
+
+def descendants(pid: int) -> dict[int, str]:
+    """The processes below `pid` now: {pid: its start time, which tells it from a later process given the same pid}
+    (Linux's /proc; elsewhere none)."""
+    table = {}
+    for entry in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = entry.read_text().rpartition(")")[2].split()      # after the name, which may hold ")"
+            table[int(entry.parent.name)] = (int(fields[1]), fields[19])
+    found, above = {}, {pid}
+    while above:
+        above = {child for child, (parent, _) in table.items() if parent in above}
+        found.update((child, table[child][1]) for child in above)
+    return found
+
+
+def _kill_if_same(pid: int, started: str):
+    """SIGKILL to `pid` if it is still the process that started at `started`."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        if Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[19] == started:
+            os.kill(pid, signal.SIGKILL)
 
 
 if __name__ == "__main__":

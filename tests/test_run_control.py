@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, descendants, interruptible, labs_env, parent_pid, still_running
+from conftest import ROOT, descendants, interruptible, labs_env, parent_pid, processes_naming, still_running
 
 from labs import launch, prefork, supervisor
 
@@ -195,3 +195,18 @@ def test_a_stock_torchrun_leaves_no_tree_in_the_callers_tmpdir(tmp_path, monkeyp
         assert Path(env["TMPDIR"]).parent == callers and env["A"] == "1"
         raise KeyboardInterrupt
     assert list(callers.iterdir()) == []
+
+
+def test_a_stock_launch_past_its_timeout_stops_its_ranks_too(tmp_path):
+    """subprocess.run(..., timeout=) sends SIGKILL to the launcher alone, and torchrun starts each rank in a session
+    of its own: the ranks ran on. supervisor.run_captured, which the course's stock launcher probes use, ends them:
+    here two ranks that would sleep for ten minutes, each having said it started."""
+    seconds = f"{600 + os.getpid() % 1000}.5"          # a sleep no other process of this machine runs
+    rank_command = f'touch "{tmp_path}/rank$RANK" && exec sleep {seconds}'
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "--no-python",
+               "sh", "-c", rank_command]
+    with pytest.raises(subprocess.TimeoutExpired):
+        supervisor.run_captured(command, dict(os.environ), timeout=10)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rank0", "rank1"], "the ranks had not started yet"
+    left = processes_naming(f"sleep {seconds}")
+    assert not left, f"the launch outlived its timeout: {left}"

@@ -50,8 +50,8 @@ SETTINGS = (
 # ---------------------------------------------------------------------------------------------- host side
 def probe(mode: str, timeout_s: float = 3.0, debug: str | None = None) -> list[dict]:
     """Run the 2-rank probe and return each rank's report (sorted by rank)."""
-    with tempfile.TemporaryDirectory() as folder, supervisor.own_tmpdir(_env(debug)) as env:
-        subprocess.run(_command(mode, timeout_s, folder), env=env, capture_output=True, timeout=120)
+    with tempfile.TemporaryDirectory() as folder:
+        supervisor.run_captured(_command(mode, timeout_s, folder), _env(debug), timeout=120)
         return _reports(folder)
 
 
@@ -74,8 +74,7 @@ def stuck(timeout_s: float = 8.0, spy_after_s: float = 2.0) -> dict:
             process.wait(120)
         finally:
             if process.poll() is None:
-                os.killpg(process.pid, 15)
-                process.wait(30)
+                supervisor.end_launch(process)
         return dict(dumps=dumps, reports=_reports(folder))
 
 

@@ -169,9 +169,7 @@ def launcher_threads(names=tuple(LAUNCHERS)) -> dict:
     env["PYTHONPATH"] = importable_path(env)
     found = {}
     for name in names:
-        with supervisor.own_tmpdir(env) as launch_env:
-            result = subprocess.run([sys.executable, *LAUNCHERS[name]], env=launch_env, capture_output=True, text=True,
-                                    timeout=300, cwd=ROOT)
+        result = supervisor.run_captured([sys.executable, *LAUNCHERS[name]], env, timeout=300, cwd=ROOT)
         lines = [json.loads(m) for m in re.findall(r"omp-probe (\{[^}]*\})", result.stdout + result.stderr)]
         if result.returncode != 0 or not lines:
             raise RuntimeError(f"{name} failed (exit {result.returncode}):\n{(result.stdout + result.stderr)[-2000:]}")

@@ -13,7 +13,6 @@ import contextlib
 import json
 import logging
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -216,9 +215,8 @@ def accelerate_launch(arguments: list[str], folder, timeout=120) -> tuple[int, s
     env["PYTHONPATH"] = importable_path(env)
     if "DS_ACCELERATOR" not in env and not _cuda():
         env["DS_ACCELERATOR"] = "cpu"
-    with supervisor.own_tmpdir(env) as launch_env:
-        done = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", *arguments], cwd=folder,
-                              env=launch_env, capture_output=True, text=True, timeout=timeout)
+    done = supervisor.run_captured([sys.executable, "-m", "accelerate.commands.launch", *arguments], env, timeout,
+                                   cwd=folder)
     lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
     return done.returncode, lines[-1] if lines else ""
 
