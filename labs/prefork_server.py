@@ -228,6 +228,11 @@ def preload():
     import deepspeed.runtime.zero.stage_1_and_2  # noqa: F401
     import torch.distributed.run  # noqa: F401
     from transformers.models.qwen2 import modeling_qwen2  # noqa: F401  (labs.models builds it in every rank)
+    import deepspeed.ops
+
+    # Which of DeepSpeed's ops can build here, probed once (a C compile against libaio, `file`, `uname`: 0.09 s on
+    # the 2-core VM) instead of in every rank on its first look (labs.env.skip_shm_comm_op, DeepSpeed's comm layer)
+    deepspeed.ops.__compatible_ops__  # noqa: B018
 
 
 if __name__ == "__main__":
