@@ -54,7 +54,7 @@ def test_unknown_format_is_a_one_line_labs_error():
 
 @pytest.mark.parametrize("call, message", [
     (lambda: precision.softmax_denominator(0, "fp16"), "vocab must be a positive whole number, not 0"),
-    (lambda: precision.logits_gradient(152064, 8192.5), "tokens must be a positive whole number, not 8192.5"),
+    (lambda: precision.logits_gradient(152064, 8192.5), "targets must be a positive whole number, not 8192.5"),
     (lambda: precision.drift(0.02, 1e-5, -1, "bf16"), "steps must be a positive whole number"),
     (lambda: precision.qwen_weight("qwen-70b"), "unknown preset 'qwen-70b'"),
 ])
@@ -83,11 +83,11 @@ def test_a_vocabulary_beyond_fp16s_range_overflows_the_softmax_but_not_in_bf16()
     assert precision.softmax_denominator(32000, "fp16")["denominator"] == 32000     # a 32k vocabulary fits
 
 
-def test_logit_gradients_are_softmax_minus_one_hot_over_tokens_and_underflow_in_fp16():
-    vocab, tokens = 152064, 8192
-    grads = precision.logits_gradient(vocab, tokens, rows=2)
-    assert torch.allclose(grads[0, 1], torch.tensor(1 / (vocab * tokens)), rtol=1e-4)
-    assert torch.allclose(grads[0, 0], torch.tensor((1 / vocab - 1) / tokens), rtol=1e-4)
+def test_logit_gradients_are_softmax_minus_one_hot_over_targets_and_underflow_in_fp16():
+    vocab, targets = 152064, 8190
+    grads = precision.logits_gradient(vocab, targets, rows=2)
+    assert torch.allclose(grads[0, 1], torch.tensor(1 / (vocab * targets)), rtol=1e-4)
+    assert torch.allclose(grads[0, 0], torch.tensor((1 / vocab - 1) / targets), rtol=1e-4)
     assert precision.flushed_to_zero(grads, "fp16") > 0.99
     at_scale = precision.range_shares(grads, "fp16", 2 ** 16)
     assert at_scale["flushed"] == 0.0 and at_scale["subnormal"] > 0.99     # alive, as subnormals
@@ -101,7 +101,7 @@ def test_range_shares_are_exclusive_and_count_overflow():
 
 
 def test_a_fused_loss_that_rounds_before_the_scale_flushes_what_the_scale_would_keep():
-    found = fused_loss.gradients_before_the_scale("tiny", tokens=8190, rows=2,
+    found = fused_loss.gradients_before_the_scale("tiny", targets=8190, rows=2,
                                                   stored=(("fp16", 1.0), ("fp16", 2.0 ** 16), ("bf16", 1.0)))
     at_one, scaled, bf16 = found[("fp16", 1.0)], found[("fp16", 2.0 ** 16)], found[("bf16", 1.0)]
     assert at_one["flushed"] > 0.99 and scaled["flushed"] == 0.0 and bf16["flushed"] == 0.0
@@ -113,7 +113,7 @@ def test_a_fused_loss_that_rounds_before_the_scale_flushes_what_the_scale_would_
     with pytest.raises(LabsError, match="a loss scale must be positive"):
         fused_loss.gradients_before_the_scale("tiny", stored=(("fp16", 0),))
     with pytest.raises(LabsError, match="whole number of rows"):
-        fused_loss.gradients_before_the_scale("tiny", tokens=2, rows=3)
+        fused_loss.gradients_before_the_scale("tiny", targets=2, rows=3)
 
 
 def test_matmul_time_is_positive_milliseconds_and_leaves_the_thread_count_alone():

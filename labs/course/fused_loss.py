@@ -3,7 +3,7 @@
 Liger Kernel's fused linear cross-entropy (`LigerFusedLinearCrossEntropyLoss`, labs' `--loss liger` and run e's
 loss) does all its work in its *forward* pass (liger_kernel/ops/fused_linear_cross_entropy.py, version 0.8.5),
 chunk by chunk: the logits, in the hidden states' dtype; the loss, in fp32; and, written over the logits, their
-gradient (softmax - one-hot) / tokens, in that same dtype; from it the gradients of the hidden states
+gradient (softmax - one-hot) / targets, in that same dtype; from it the gradients of the hidden states
 (`grad_input`, in their dtype) and of the output head. Its backward only multiplies those by the gradient that
 arrives from the loss, which under DeepSpeed's fp16 engine is the loss scale. In fp16 the loss scale therefore
 never reaches these gradients: they are rounded to fp16 at scale 1 and multiplied afterwards.
@@ -14,7 +14,7 @@ format, for each (format, scale at which the gradients are stored), against the 
 rounding.
 
     from labs.course import fused_loss
-    fused_loss.gradients_before_the_scale("qwen2.5-7b", tokens=8190, stored=(("fp16", 1.0), ("fp16", 2.0 ** 16)))
+    fused_loss.gradients_before_the_scale("qwen2.5-7b", targets=8190, stored=(("fp16", 1.0), ("fp16", 2.0 ** 16)))
 """
 from __future__ import annotations
 
@@ -31,23 +31,23 @@ def _rounded(values: torch.Tensor, name: str) -> torch.Tensor:
     return values.to(precision.dtype(name)).float()
 
 
-def _gradient(logits: torch.Tensor, targets: torch.Tensor, tokens: int) -> torch.Tensor:
-    """(softmax - one-hot) / tokens, in fp32: the mean cross-entropy's gradient, as Liger's kernel computes it."""
+def _gradient(logits: torch.Tensor, labels: torch.Tensor, targets: int) -> torch.Tensor:
+    """(softmax - one-hot) / targets, in fp32: the mean cross-entropy's gradient, as Liger's kernel computes it."""
     grad = torch.softmax(logits, dim=-1)
-    grad[torch.arange(len(targets)), targets] -= 1
-    return grad / tokens
+    grad[torch.arange(len(labels)), labels] -= 1
+    return grad / targets
 
 
-def gradients_before_the_scale(preset="qwen2.5-7b", tokens=8190, rows=4, stored=(("fp16", 1.0),), seed=0) -> dict:
-    """For `rows` tokens of the mean cross-entropy over `tokens` tokens, what Liger's kernel stores for each
+def gradients_before_the_scale(preset="qwen2.5-7b", targets=8190, rows=4, stored=(("fp16", 1.0),), seed=0) -> dict:
+    """For `rows` tokens of the mean cross-entropy over `targets` predicted tokens, what Liger's kernel stores for each
     (format, scale) in `stored`: the logits in the format (fp32 accumulation, rounded once), the softmax in fp32,
     the logits' gradient x scale rounded to the format, the hidden states' gradient (that times the head, rounded
     once). Compared with the same computation without any rounding, from the same weights and hidden states (held
     in the format, as the forward pass holds them). Returns {(format, scale): the shares of the non-target logits'
     gradients that are flushed to 0, subnormal or normal, how many of them per token are kept, the share of the
     hidden states' gradient entries that are subnormal, and its RMS error relative to the exact one}."""
-    if isinstance(rows, bool) or not isinstance(rows, int) or not 1 <= rows <= tokens:
-        raise LabsError(f"need a whole number of rows from 1 to tokens ({tokens}), not {rows!r}")
+    if isinstance(rows, bool) or not isinstance(rows, int) or not 1 <= rows <= targets:
+        raise LabsError(f"need a whole number of rows from 1 to targets ({targets}), not {rows!r}")
     for name, scale in stored:
         precision.dtype(name)
         if not scale > 0:
@@ -56,7 +56,7 @@ def gradients_before_the_scale(preset="qwen2.5-7b", tokens=8190, rows=4, stored=
     vocab, hidden = config.vocab_size, config.hidden_size
     generator = torch.Generator().manual_seed(seed)
     states = torch.randn(rows, hidden, generator=generator)
-    targets = torch.randint(vocab, (rows,), generator=generator)
+    labels = torch.randint(vocab, (rows,), generator=generator)
     names = sorted({name for name, _ in stored})
     heads = {name: [] for name in names}
     logits = {name: torch.empty(rows, vocab) for name in names}
@@ -70,11 +70,11 @@ def gradients_before_the_scale(preset="qwen2.5-7b", tokens=8190, rows=4, stored=
             exact_logits[name][:, part] = _rounded(states, name) @ heads[name][-1].float().T
             logits[name][:, part] = _rounded(exact_logits[name][:, part], name)
     others = torch.ones(rows, vocab, dtype=torch.bool)
-    others[torch.arange(rows), targets] = False
+    others[torch.arange(rows), labels] = False
     found = {}
     for name, scale in stored:
-        exact = _gradient(exact_logits[name], targets, tokens)
-        kept = _rounded(_gradient(logits[name], targets, tokens) * scale, name)
+        exact = _gradient(exact_logits[name], labels, targets)
+        kept = _rounded(_gradient(logits[name], labels, targets) * scale, name)
         exact_dh, dh = torch.zeros(rows, hidden), torch.zeros(rows, hidden)
         start = 0
         for head in heads[name]:

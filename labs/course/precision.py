@@ -163,15 +163,15 @@ def expected_initial_loss(vocab: int, logit_std: float) -> float:
     return math.log(_count("vocab", vocab)) + logit_std ** 2 / 2
 
 
-def logits_gradient(vocab: int, tokens: int, rows=4, std=0.0, seed=0) -> torch.Tensor:
-    """The gradient of the mean cross-entropy over `tokens` tokens with respect to `rows` rows of logits over
+def logits_gradient(vocab: int, targets: int, rows=4, std=0.0, seed=0) -> torch.Tensor:
+    """The gradient of the mean cross-entropy over `targets` predicted tokens with respect to `rows` rows of logits over
     `vocab` words: all 0 (std 0), or drawn N(0, std^2) as an untrained model's are; by autograd in fp32 (the stock
     loss upcasts logits to fp32; backward casts this gradient down to the compute format). Rows are independent,
     so these rows get exactly what they would in a full batch."""
     generator = torch.Generator().manual_seed(seed)
     logits = (torch.randn(_count("rows", rows), _count("vocab", vocab), generator=generator) * std).requires_grad_()
-    targets = torch.arange(rows) % vocab
-    (F.cross_entropy(logits, targets, reduction="sum") / _count("tokens", tokens)).backward()
+    labels = torch.arange(rows) % vocab
+    (F.cross_entropy(logits, labels, reduction="sum") / _count("targets", targets)).backward()
     return logits.grad
 
 
