@@ -137,7 +137,7 @@ def shown_command(run_path) -> str:
     words = shlex.split((Path(run_path) / "command.txt").read_text())
     shown = []
     for word in words:
-        relative = re.sub(r"[^\s=]*\.partial-\d+", "RUN", word.replace(f"{ROOT}/", ""))    # --log-dir=RUN/...
+        relative = re.sub(r"[^\s=]*\.partial-\d+", "RUN", word.replace(f"{ROOT}/", ""))    # route_rank's RUN
         word = "python" if word == sys.executable else relative
         shown.append("PORT" if shown and shown[-1] in ("--master_port", "--main_process_port") else word)
     return " ".join(shown)
