@@ -210,3 +210,18 @@ def test_a_stock_launch_past_its_timeout_stops_its_ranks_too(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rank0", "rank1"], "the ranks had not started yet"
     left = processes_naming(f"sleep {seconds}")
     assert not left, f"the launch outlived its timeout: {left}"
+
+
+CONSOLE_SCRIPT = "import sys; from labs.__main__ import run; sys.exit(run())"     # what pip's `labs` script runs
+
+
+@pytest.mark.parametrize("entry", [["-m", "labs"], ["-c", CONSOLE_SCRIPT]])
+def test_ctrl_c_while_labs_starts_is_one_line_and_exit_130(entry):
+    """`python -m labs` and the console script (labs.__main__:run) import torch before anything starts: a Ctrl-C
+    then reads like any other, not as a traceback with exit code 1."""
+    process = subprocess.Popen(interruptible([sys.executable, *entry, "env"]), cwd=ROOT, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    time.sleep(0.4)                     # Python is up, torch is not yet imported (1-3 s)
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=60)
+    assert (process.returncode, err, out) == (130, "labs: interrupted while starting: nothing was started\n", "")
