@@ -17,11 +17,14 @@ def run() -> int:
     if previous is signal.default_int_handler:
         signal.signal(signal.SIGINT, _interrupted_while_starting)
     gc.disable()    # as in labs.rank: the imports make many objects and next to no garbage, a wasted collector pass
-    from labs.cli import main
-
+    try:
+        from labs.cli import main
+        import labs.bench.cli  # noqa: F401  (imported by main to build its parser: here, while SIGINT ends at once)
+        import labs.memory.cli  # noqa: F401
+    finally:
+        signal.signal(signal.SIGINT, previous)
     gc.freeze()
     gc.enable()
-    signal.signal(signal.SIGINT, previous)
     return main()
 
 

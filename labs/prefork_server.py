@@ -222,7 +222,8 @@ def _launcher(request: dict, out_write: int, server: int):
 
 
 def preload():
-    """The third-party modules a CPU launcher and its ranks import (labs.fork_launcher imports them through here)."""
+    """The third-party modules a CPU launcher and its ranks import, and DeepSpeed's probe of its ops, which they
+    would each run (labs.fork_launcher imports them through here)."""
     import deepspeed.runtime.engine  # noqa: F401  (what deepspeed.initialize imports: not its Muon modules, labs.env)
     import deepspeed.runtime.zero.stage3  # noqa: F401
     import deepspeed.runtime.zero.stage_1_and_2  # noqa: F401

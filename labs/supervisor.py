@@ -8,7 +8,7 @@
 
     python -m labs.supervisor TORCHRUN_ARGS...     # what labs runs: sets the parent-death signal, then execs
     with supervisor.own_tmpdir(env) as env: ...     # a stock torchrun or accelerate launch leaves no /tmp tree
-    supervisor.run_captured(command, env, timeout)  # a stock launch run to its end; a timeout or Ctrl-C ends all of it
+    supervisor.run_captured(command, env, timeout)  # a stock launch to its end; a timeout or Ctrl-C ends all of it
 """
 from __future__ import annotations
 
@@ -72,18 +72,35 @@ def _start(command: list[str], env: dict) -> subprocess.Popen:
 
 
 def stop(process: subprocess.Popen):
-    """SIGTERM to the launcher's session, then SIGKILL to what is left after the grace period (the ranks die with
-    the launcher: their parent-death signal). Nothing to a launcher that already exited: its pid may be another's."""
+    """SIGTERM to the launcher's session, on which torchrun stops its ranks; after the grace period, or at once on a
+    second Ctrl-C, SIGKILL to the session and to every process that was below the launcher when it was stopped.
+    labs' ranks die with their launcher anyway (their parent-death signal); a stock launcher's ranks have none, and
+    torchrun starts each in a session of its own, so they would outlive a launcher killed before it stopped them. A
+    launcher whose output this process captures (run_captured) has its pipes drained meanwhile: one blocked on a
+    full pipe would not exit. Nothing to a launcher that already exited: its pid may be another's."""
     if process.poll() is not None:
         return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGTERM)
+    below = _processes_below(process.pid)
+    _signal_session(process, signal.SIGTERM)
     try:
-        process.wait(GRACE_S)
+        _wait_draining(process, GRACE_S)
     except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
+        pass
+    finally:
+        _signal_session(process, signal.SIGKILL)
+        for pid, started in below.items():
+            _kill_if_same(pid, started)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            _wait_draining(process, GRACE_S)     # not for ever: a process started after `below` may hold a pipe
+
+
+def _wait_draining(process, seconds):
+    """process.wait(seconds), reading meanwhile whatever the launcher still writes into pipes this process holds."""
+    pipes = [f for f in (getattr(process, "stdout", None), getattr(process, "stderr", None)) if f and not f.closed]
+    if pipes and isinstance(process, subprocess.Popen):
+        process.communicate(timeout=seconds)
+    else:
+        process.wait(seconds)
 
 
 @contextlib.contextmanager
@@ -183,34 +200,20 @@ def own_tmpdir(env: dict):
 
 def run_captured(command: list[str], env: dict, timeout: float, cwd=None) -> subprocess.CompletedProcess:
     """subprocess.run(command, capture_output=True, text=True, timeout=timeout) for a stock launcher (torchrun,
-    DeepSpeed's, accelerate launch), in a TMPDIR of its own (own_tmpdir), that leaves no process behind. On a timeout
-    or an interrupt subprocess.run sends SIGKILL to the launcher alone; torchrun starts each rank in a session of its
-    own, so the ranks ran on (measured: `torchrun --nproc-per-node=2 --no-python sleep ...` past its timeout left both
-    sleeps). Here (end_launch) the launcher's session gets SIGTERM, on which torchrun stops its ranks, its output
-    still drained (a launcher blocked on a full pipe would not exit), SIGKILL after the grace period, and then SIGKILL
-    to any process found below the launcher when it was stopped."""
+    DeepSpeed's, accelerate launch) that leaves nothing behind: a TMPDIR of its own (own_tmpdir), a session of its
+    own, SIGTERM when this process dies (as `python -m labs.supervisor` gives labs' own launchers), and on a timeout
+    or an interrupt `stop`. subprocess.run would send SIGKILL to the launcher alone there, and torchrun's ranks, each
+    in a session of its own, ran on (measured: `torchrun --nproc-per-node=2 --no-python sleep ...` past its timeout
+    left both sleeps). The TimeoutExpired raised carries the output up to the timeout."""
     with own_tmpdir(env) as launch_env:
-        process = subprocess.Popen(command, env=launch_env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                   text=True, start_new_session=True)
+        process = subprocess.Popen([sys.executable, "-m", "labs.supervisor", *command], env=launch_env, cwd=cwd,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
         try:
             out, err = process.communicate(timeout=timeout)
         except BaseException:
-            end_launch(process)
+            stop(process)
             raise
     return subprocess.CompletedProcess(command, process.returncode, out, err)
-
-
-def end_launch(process: subprocess.Popen):
-    """Stop a stock launcher started in a session of its own, and everything below it (see run_captured)."""
-    below = descendants(process.pid)
-    _signal_session(process, signal.SIGTERM)
-    try:
-        process.communicate(timeout=GRACE_S)
-    except subprocess.TimeoutExpired:
-        _signal_session(process, signal.SIGKILL)
-        process.communicate()
-    for pid, started in below.items():
-        _kill_if_same(pid, started)
 
 
 def _signal_session(process: subprocess.Popen, sig: int):
@@ -219,7 +222,7 @@ def _signal_session(process: subprocess.Popen, sig: int):
             os.killpg(process.pid, sig)
 
 
-def descendants(pid: int) -> dict[int, str]:
+def _processes_below(pid: int) -> dict[int, str]:
     """The processes below `pid` now: {pid: its start time, which tells it from a later process given the same pid}
     (Linux's /proc; elsewhere none)."""
     table = {}

@@ -18,7 +18,7 @@ from labs.errors import LabsError
 from labs.instruments import comm
 from labs.instruments.environment import launcher_environment
 
-from conftest import ROOT, descendants, interruptible, labs_env, run_labs, still_running
+from conftest import ROOT, descendants, interruptible, labs_env, processes_naming, run_labs, still_running
 
 
 # ---------------------------------------------------------------------------------------------- flags
@@ -477,3 +477,17 @@ def test_a_rank_whose_collective_broke_after_a_stop_was_announced_reports_the_st
     watch.store = Store({peers.STOP_KEY: "interrupted on node 1"})
     peers.stop_if_announced()
     assert stopped == ["another node's run stopped (interrupted on node 1)"]
+
+
+def test_an_emulation_past_its_timeout_stops_every_node(tmp_path):
+    """Chapter 6's emulated nodes are `labs train` processes this one waits for: past the timeout (or on a notebook's
+    interrupt, which reaches the kernel alone) each gets SIGTERM, on which labs stops its ranks, before the error."""
+    from labs.course import multinode as emulation
+
+    out = tmp_path / "stopped"
+    with pytest.raises(subprocess.TimeoutExpired):
+        emulation.emulate(out, nnodes=2, nproc_per_node=1, steps=100_000, timeout_s=6)
+    deadline = time.monotonic() + 15
+    while (left := processes_naming(str(out))) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left, f"processes of the emulation outlived it: {left}"

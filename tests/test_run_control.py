@@ -197,31 +197,48 @@ def test_a_stock_torchrun_leaves_no_tree_in_the_callers_tmpdir(tmp_path, monkeyp
     assert list(callers.iterdir()) == []
 
 
-def test_a_stock_launch_past_its_timeout_stops_its_ranks_too(tmp_path):
+def test_a_stopped_stock_launch_takes_ranks_that_ignore_sigterm_with_it(tmp_path, monkeypatch):
     """subprocess.run(..., timeout=) sends SIGKILL to the launcher alone, and torchrun starts each rank in a session
-    of its own: the ranks ran on. supervisor.run_captured, which the course's stock launcher probes use, ends them:
-    here two ranks that would sleep for ten minutes, each having said it started."""
+    of its own: the ranks ran on. supervisor.stop, which run_captured calls on a timeout or an interrupt (chapter 3's
+    launcher probes, chapter 6's hang probes, the tutorials' accelerate check) and labs' own runs on an interrupt,
+    ends them too, even ranks that ignore torchrun's SIGTERM, within about two grace periods."""
+    monkeypatch.setattr(supervisor, "GRACE_S", 1)
     seconds = f"{600 + os.getpid() % 1000}.5"          # a sleep no other process of this machine runs
-    rank_command = f'touch "{tmp_path}/rank$RANK" && exec sleep {seconds}'
+    rank_command = f'trap "" TERM; touch "{tmp_path}/rank$RANK"; exec sleep {seconds}'
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "--no-python",
                "sh", "-c", rank_command]
-    with pytest.raises(subprocess.TimeoutExpired):
-        supervisor.run_captured(command, dict(os.environ), timeout=10)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["rank0", "rank1"], "the ranks had not started yet"
+    # as run_captured starts it: its own TMPDIR, parent-death signal, a session of its own, output in pipes
+    with supervisor.own_tmpdir(dict(os.environ)) as env:
+        process = subprocess.Popen([sys.executable, "-m", "labs.supervisor", *command], env=env,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        deadline = time.monotonic() + 120
+        while len(list(tmp_path.iterdir())) < 2:
+            assert process.poll() is None and time.monotonic() < deadline, process.communicate()
+            time.sleep(0.1)
+        start = time.monotonic()
+        supervisor.stop(process)
+        assert time.monotonic() - start < 10 and process.poll() is not None
     left = processes_naming(f"sleep {seconds}")
-    assert not left, f"the launch outlived its timeout: {left}"
+    assert not left, f"ranks outlived their launcher: {left}"
 
 
-CONSOLE_SCRIPT = "import sys; from labs.__main__ import run; sys.exit(run())"     # what pip's `labs` script runs
+CONSOLE_SCRIPT = "from labs.__main__ import run; sys.exit(run())"        # what pip's `labs` script runs
+PYTHON_M = "import runpy; runpy.run_module('labs', run_name='__main__', alter_sys=True)"      # python -m labs
 
 
-@pytest.mark.parametrize("entry", [["-m", "labs"], ["-c", CONSOLE_SCRIPT]])
+@pytest.mark.parametrize("entry", [PYTHON_M, CONSOLE_SCRIPT])
 def test_ctrl_c_while_labs_starts_is_one_line_and_exit_130(entry):
-    """`python -m labs` and the console script (labs.__main__:run) import torch before anything starts: a Ctrl-C
-    then reads like any other, not as a traceback with exit code 1."""
-    process = subprocess.Popen(interruptible([sys.executable, *entry, "env"]), cwd=ROOT, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
-    time.sleep(0.4)                     # Python is up, torch is not yet imported (1-3 s)
-    process.send_signal(signal.SIGINT)
-    out, err = process.communicate(timeout=60)
-    assert (process.returncode, err, out) == (130, "labs: interrupted while starting: nothing was started\n", "")
+    """labs imports torch before anything starts (1-3 s): a Ctrl-C then reads like any other, one line and exit code
+    130, not a traceback. The Ctrl-C comes as the import of torch begins (an import hook sends it)."""
+    hook = ("import os, signal, sys\n"
+            "class CtrlC:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name == 'torch':\n"
+            "            sys.meta_path.remove(self)\n"
+            "            os.kill(os.getpid(), signal.SIGINT)\n"
+            "sys.meta_path.insert(0, CtrlC())\n"
+            "sys.argv = ['labs', 'env']\n")
+    done = subprocess.run(interruptible([sys.executable, "-c", hook + entry]), cwd=ROOT, capture_output=True,
+                          text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=60)
+    assert (done.returncode, done.stderr, done.stdout) == (130, "labs: interrupted while starting: nothing was "
+                                                               "started\n", "")

@@ -74,7 +74,7 @@ def stuck(timeout_s: float = 8.0, spy_after_s: float = 2.0) -> dict:
             process.wait(120)
         finally:
             if process.poll() is None:
-                supervisor.end_launch(process)
+                supervisor.stop(process)
         return dict(dumps=dumps, reports=_reports(folder))
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from labs import CONFIGS, ROOT, RUNS, launch, multinode
+from labs import CONFIGS, ROOT, RUNS, launch, multinode, supervisor
 from labs import config as config_lib
 from labs.env import CPU_ONLY, importable_path
 from labs.errors import LabsError
@@ -90,7 +90,11 @@ def emulate(out, nnodes=2, nproc_per_node=1, steps=6, config="zero3.json", instr
     start = time.perf_counter()
     processes = [subprocess.Popen(c, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
                  for c in commands]
-    outputs = [p.communicate(timeout=timeout_s)[0] for p in processes]
+    try:
+        outputs = [p.communicate(timeout=timeout_s)[0] for p in processes]
+    except BaseException:       # a timeout or an interrupt (a notebook's goes to its kernel alone): stop every node
+        _stop_nodes(processes)
+        raise
     seconds = time.perf_counter() - start
     codes = [p.returncode for p in processes]
     print(f"done in {seconds:.0f} s", flush=True)
@@ -98,6 +102,20 @@ def emulate(out, nnodes=2, nproc_per_node=1, steps=6, config="zero3.json", instr
         if code != 0:
             raise RuntimeError(f"node {k} exited with code {code}:\n{output[-3000:]}")
     return Emulated(Run(out), commands, codes, outputs, seconds, port)
+
+
+def _stop_nodes(processes):
+    """SIGTERM to each node's `labs train`, which stops its ranks and says so (labs.supervisor); SIGKILL to one still
+    running after twice the grace period (its launcher then takes SIGTERM: labs.supervisor's parent-death signal)."""
+    for p in processes:
+        if p.poll() is None:
+            p.terminate()
+    for p in processes:
+        try:
+            p.communicate(timeout=2 * supervisor.GRACE_S)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.communicate()
 
 
 def single_node(out, nproc=2, steps=6, config="zero3.json", instruments=("state_bytes",)) -> Run:
