@@ -103,6 +103,10 @@ train-run: $(if $(filter 1,$(GPU)),$(GPU_STAMP),$(STAMP))
 #   3542fd6 22:23; 91f94fa 20:12 (install 3:13; unit tests 15:40; chapters 1-8 14:15). vmstat: 0-2% idle through the
 #   tests (only pip leaves a core idle), so a third stream cannot help. Unit tests alone: 13:10, 779 of 791 s in the
 #   120 tests that start processes; a tiny step is 0.56 s, most of it the 151,936-word LM head's products.
+# - 2026-12-07, night (a new VM, about 1.8x as fast: unit tests alone 7:56 against 13:10): cfae903 11:10 and 11:35
+#   (install 1:50 and 1:48; make test 9:20 and 9:47), 4fedd4d 12:30 and 11:01 (2:10 and 1:50; 10:20 and 9:11): the same
+#   within this VM's spread. Unit tests 8:29-9:42 with chapters 0, 9 and 10 after them; chapters 1-8 8:01-8:38, then
+#   the book (27 s) and its browser tests (30-35 s): the streams are even.
 # CI took 1,015-1,758 s on its machines in the stops before (1,177 s for 53b65d0, 1,114 s for 7e145f0, 1,283 s for
 # 9b9e945); the aim is under 20 minutes.
 LATE_CHAPTERS := notebooks/00_quickstart.ipynb notebooks/09_qwen7b_on_gpu.ipynb notebooks/10_zenflow.ipynb
