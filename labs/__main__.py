@@ -19,8 +19,6 @@ def run() -> int:
     gc.disable()    # as in labs.rank: the imports make many objects and next to no garbage, a wasted collector pass
     try:
         from labs.cli import main
-        import labs.bench.cli  # noqa: F401  (imported by main to build its parser: here, while SIGINT ends at once)
-        import labs.memory.cli  # noqa: F401
     finally:
         signal.signal(signal.SIGINT, previous)
     gc.freeze()

@@ -1,5 +1,6 @@
 """`labs <command>`: the commands a user types. Bad input: one line on stderr, exit code 2, before any rank starts.
-Each command's modules are imported only when it runs (start-up time)."""
+Each command's modules are imported only when it runs (start-up time); the parser's own, which every command
+builds, at the top."""
 from __future__ import annotations
 
 import argparse
@@ -7,7 +8,9 @@ import json
 import sys
 
 from labs import models, multinode, resolve
+from labs.bench import cli as bench_cli
 from labs.errors import LabsError, RankFailed, RunStopped, positive_float, positive_int
+from labs.memory import cli as memory_cli
 
 EXAMPLES = """examples:
   labs train                                          tiny model, ZeRO-3, 2 CPU ranks (or every GPU), 30 steps
@@ -156,11 +159,9 @@ def main(argv=None) -> int:
     train_parser = _train_args(sub)
     _export_args(sub)
     _bench_args(sub)
-    from labs.bench import cli as bench_cli
     bench_cli.add_autotune_parser(sub)
     p = sub.add_parser("env", help="versions, GPUs, which DeepSpeed ops build here, and fixes for what is wrong")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    from labs.memory import cli as memory_cli
     memory_cli.add_parser(sub)
     try:
         argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
@@ -229,8 +230,6 @@ def _dispatch(args, argv) -> int:
         print(bench.format_table(result))
         return 0
     if args.command == "autotune":
-        from labs.bench import cli as bench_cli
-
         return bench_cli.run_autotune(args)
     if args.command == "env":
         from labs import env
@@ -239,12 +238,8 @@ def _dispatch(args, argv) -> int:
         print(json.dumps(info, indent=1) if args.json else env.format_report(info))
         return 0
     if args.command == "memory" and args.plan:
-        from labs.bench import cli as bench_cli
-
         return bench_cli.run_plan(args)
     if args.command == "memory":
-        from labs.memory import cli as memory_cli
-
         return memory_cli.run(args)
     raise LabsError(f"unknown command {args.command}")
 
