@@ -183,7 +183,7 @@ def _readable(fd: int, timeout) -> bool:
 def _exists(pid: int) -> bool:
     """Whether `pid` still runs: not a zombie that no init reaps (a container without one), not gone."""
     try:
-        return open(f"/proc/{pid}/stat").read().rpartition(")")[2].split()[0] not in ("Z", "X")
+        return supervisor.stat_fields(pid)[0] not in ("Z", "X")
     except (OSError, IndexError):
         return False
 

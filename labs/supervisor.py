@@ -222,13 +222,19 @@ def _signal_session(process: subprocess.Popen, sig: int):
             os.killpg(process.pid, sig)
 
 
+def stat_fields(pid) -> list[str]:
+    """/proc/PID/stat's fields after the process name (which may hold ")"): [0] its state, [1] its parent's pid,
+    [19] its start time. Raises OSError where the process is gone (or off Linux)."""
+    return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+
+
 def _processes_below(pid: int) -> dict[int, str]:
     """The processes below `pid` now: {pid: its start time, which tells it from a later process given the same pid}
     (Linux's /proc; elsewhere none)."""
     table = {}
     for entry in Path("/proc").glob("[0-9]*/stat"):
         with contextlib.suppress(OSError, ValueError, IndexError):
-            fields = entry.read_text().rpartition(")")[2].split()      # after the name, which may hold ")"
+            fields = stat_fields(entry.parent.name)
             table[int(entry.parent.name)] = (int(fields[1]), fields[19])
     found, above = {}, {pid}
     while above:
@@ -240,9 +246,8 @@ def _processes_below(pid: int) -> dict[int, str]:
 def _kill_if_same(pid: int, started: str):
     """SIGKILL to `pid` if it is still the process that started at `started`."""
     with contextlib.suppress(OSError, ValueError, IndexError):
-        if Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[19] == started:
+        if stat_fields(pid)[19] == started:
             os.kill(pid, signal.SIGKILL)
-
 
 if __name__ == "__main__":
     # The launcher's own process: take SIGTERM when labs dies, then become the launcher (exec keeps that setting).
