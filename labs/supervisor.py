@@ -66,8 +66,14 @@ def run(command: list[str], env: dict, log_path: Path, echo: bool, start=None) -
             raise
 
 
+def launcher(command: list[str]) -> list[str]:
+    """`command` run through this module: the launcher takes SIGTERM when the process that started it dies, even by
+    SIGKILL (a kernel restarted mid-cell), so it stops its ranks instead of running on unowned."""
+    return [sys.executable, "-m", "labs.supervisor", *command]
+
+
 def _start(command: list[str], env: dict) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "labs.supervisor", *command], env=env, stdout=subprocess.PIPE,
+    return subprocess.Popen(launcher(command), env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, start_new_session=True)
 
 
@@ -206,7 +212,7 @@ def run_captured(command: list[str], env: dict, timeout: float, cwd=None) -> sub
     in a session of its own, ran on (measured: `torchrun --nproc-per-node=2 --no-python sleep ...` past its timeout
     left both sleeps). The TimeoutExpired raised carries the output up to the timeout."""
     with own_tmpdir(env) as launch_env:
-        process = subprocess.Popen([sys.executable, "-m", "labs.supervisor", *command], env=launch_env, cwd=cwd,
+        process = subprocess.Popen(launcher(command), env=launch_env, cwd=cwd,
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
         try:
             out, err = process.communicate(timeout=timeout)

@@ -222,6 +222,31 @@ def test_a_stopped_stock_launch_takes_ranks_that_ignore_sigterm_with_it(tmp_path
     assert not left, f"ranks outlived their launcher: {left}"
 
 
+def test_a_stock_launch_through_the_supervisor_stops_when_its_starter_is_killed(tmp_path):
+    """A notebook kernel killed mid-cell (a restart) cannot stop what it started. A stock launch started through
+    supervisor.launcher (chapter 6's stuck ranks, run_captured's launches) takes SIGTERM then, from the parent-death
+    signal, and torchrun stops its ranks; started directly, torchrun and its ranks ran on unowned."""
+    seconds = f"{700 + os.getpid() % 1000}.25"          # a sleep no other process of this machine runs
+    rank_command = f'touch "{tmp_path}/rank$RANK"; exec sleep {seconds}'
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "--no-python",
+               "sh", "-c", rank_command]
+    starter = ("import subprocess, sys; from labs import supervisor; "
+               f"subprocess.Popen(supervisor.launcher({command!r}), start_new_session=True).wait()")
+    with supervisor.own_tmpdir(dict(os.environ)) as env:
+        process = subprocess.Popen([sys.executable, "-c", starter], cwd=ROOT, env=env)
+        deadline = time.monotonic() + 120
+        while len(list(tmp_path.iterdir())) < 2:
+            assert process.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        process.kill()
+        process.wait()
+        deadline = time.monotonic() + STOP_WITHIN_S
+        while processes_naming(f"sleep {seconds}") and time.monotonic() < deadline:
+            time.sleep(0.2)
+    left = processes_naming(f"sleep {seconds}")
+    assert not left, f"the launch outlived the process that started it: {left}"
+
+
 CONSOLE_SCRIPT = "from labs.__main__ import run; sys.exit(run())"        # what pip's `labs` script runs
 PYTHON_M = "import runpy; runpy.run_module('labs', run_name='__main__', alter_sys=True)"      # python -m labs
 
@@ -242,3 +267,4 @@ def test_ctrl_c_while_labs_starts_is_one_line_and_exit_130(entry):
                           text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=60)
     assert (done.returncode, done.stderr, done.stdout) == (130, "labs: interrupted while starting: nothing was "
                                                                "started\n", "")
+

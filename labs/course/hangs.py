@@ -61,7 +61,7 @@ def stuck(timeout_s: float = 8.0, spy_after_s: float = 2.0) -> dict:
     {"skipped": why}, "reports": [each rank's report]}."""
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     with tempfile.TemporaryDirectory() as folder, supervisor.own_tmpdir(_env(None)) as env:
-        process = subprocess.Popen(_command("timeout", timeout_s, folder), env=env,
+        process = subprocess.Popen(supervisor.launcher(_command("timeout", timeout_s, folder)), env=env,
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         try:
             pids = {}
