@@ -152,6 +152,12 @@ def _bench_args(sub):
     p.add_argument("--quiet", action="store_true", help="do not stream the ranks' output")
 
 
+# What an interrupt leaves for the commands that launch no run (the others stop their ranks and say what they kept).
+STARTS_NOTHING = {None: "nothing was started", "env": "nothing was started or written",
+                  "memory": "nothing was started or written",
+                  "export": "nothing was written (the model folder is written beside OUT_DIR and renamed when whole)"}
+
+
 def main(argv=None) -> int:
     parser = _Parser(prog="labs", description="zero-course labs: train Qwen-architecture models with DeepSpeed ZeRO",
                      epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -163,9 +169,11 @@ def main(argv=None) -> int:
     p = sub.add_parser("env", help="versions, GPUs, which DeepSpeed ops build here, and fixes for what is wrong")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     memory_cli.add_parser(sub)
+    command = None
     try:
         argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
         args = parser.parse_args(argv)
+        command = args.command
         if args.command == "train" and args.resume is not None:
             args.typed = _typed(train_parser, argv)
         return _dispatch(args, argv)
@@ -176,6 +184,9 @@ def main(argv=None) -> int:
         print(f"labs: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as exc:
+        if command in STARTS_NOTHING:
+            print(f"labs: interrupted: {STARTS_NOTHING[command]}", file=sys.stderr)
+            return 130
         kept = getattr(exc, "kept", "") or "no run folder was kept"
         print(f"labs: interrupted: every process of the run was stopped; {kept}", file=sys.stderr)
         return 130

@@ -268,3 +268,17 @@ def test_ctrl_c_while_labs_starts_is_one_line_and_exit_130(entry):
     assert (done.returncode, done.stderr, done.stdout) == (130, "labs: interrupted while starting: nothing was "
                                                                "started\n", "")
 
+
+def test_ctrl_c_in_a_command_that_starts_no_run_says_nothing_was_started():
+    """`labs env` interrupted during its probes (they compile test programs) exits 130 with one line that does not
+    speak of a run's processes or folder, which it has none of. The Ctrl-C comes as the probes begin."""
+    script = ("import os, signal, sys\n"
+              "import labs.env\n"
+              "probe = labs.env._deepspeed_ops\n"
+              "labs.env._deepspeed_ops = lambda: (os.kill(os.getpid(), signal.SIGINT), probe())[1]\n"
+              "from labs.cli import main\n"
+              "sys.exit(main(['env']))\n")
+    done = subprocess.run(interruptible([sys.executable, "-c", script]), cwd=ROOT, capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=60)
+    assert (done.returncode, done.stderr, done.stdout) == (130, "labs: interrupted: nothing was started or written\n",
+                                                           "")
