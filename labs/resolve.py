@@ -162,7 +162,10 @@ def _optimizer(config, lr, default_lr, on_gpu) -> float:
     if lr is not None and params["lr"] != lr:
         raise LabsError(f"config key 'optimizer.params.lr' is {params['lr']} but --lr is {lr}; "
                         "drop one or set the key to \"auto\"")
-    # Without a GPU DeepSpeed cannot build FusedAdam: use torch's AdamW unless CPU-Adam (offload) runs it.
+    # Without a GPU, DeepSpeed's engine still picks FusedAdam (runtime/engine.py, get_optimizer_configuration), which
+    # its cpu accelerator builds as a C++ op from CPU Adam's code (ops/op_builder/cpu/fused_adam.py), compiled just in
+    # time by the first run in an environment (tens of seconds on 2 cores): ask for torch's AdamW (torch_adam)
+    # instead, unless the optimizer is offloaded and DeepSpeed's CPU Adam runs it.
     if not on_gpu and config_lib.offloads(config)["optimizer"] is None:
         params["torch_adam"] = True
     return params["lr"]

@@ -27,7 +27,7 @@ def test_autos_are_resolved_like_hf():
     assert zero["stage3_param_persistence_threshold"] == 640
     assert out["optimizer"]["params"]["lr"] == 1e-3
     assert out["scheduler"]["params"] == {"total_num_steps": 20, "warmup_num_steps": 2}
-    assert out["optimizer"]["params"]["torch_adam"] is True          # no GPU: FusedAdam cannot build
+    assert out["optimizer"]["params"]["torch_adam"] is True          # no GPU: no just-in-time FusedAdam build
     assert BASE["train_batch_size"] == "auto"                          # input left untouched
 
 

@@ -4,6 +4,9 @@ from labs.course import exercises
 
 
 @pytest.mark.parametrize("id, right, wrong", [
+    ("00.1", 11.93, 10.0),                          # ln of tiny's vocabulary, not log2 or a guess
+    ("00.2", 4 * 4 * 8 * 64, 4 * 8 * 64),           # every rank's micro-batches, not one rank's
+    ("00.3", 3584**2, 64**2),                       # Qwen2.5-7B's hidden squared, not tiny's
     ("02.1", 3 * 4 * 9_822_784 / 4 / 2**20, 2 * 4 * 9_822_784 / 4 / 2**20),   # the fp32 master copy counts
     ("02.2", 3584**2 * 2 / 2**20, 2 * 3584**2 * 2 / 2**20),    # ZeRO-3 keeps one bucket, not two
     ("02.3", 3 * 7_615_616_512 * 2 * 7 / 8 / 1e9, 3 * 7_615_616_512 * 2 / 1e9),   # a ring sends (N-1)/N
