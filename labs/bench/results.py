@@ -72,11 +72,21 @@ def find(table: list[dict], run_suffix: str, case: str) -> dict:
     return matches[0]
 
 
+def gpus_used(result: dict) -> str:
+    """The GPUs a bench invocation ran on, as the file records them: "2 x NVIDIA H200", or "1 of 2 x NVIDIA H200"
+    where its cases ran on fewer GPUs (their world size) than the host had."""
+    host = result["host"]["gpus"]
+    used = {case["summary"]["world_size"] for case in result["cases"].values() if case.get("status") == "ok"}
+    used |= {int(case["options"]["nproc"]) for case in result["cases"].values() if "nproc" in case.get("options", {})}
+    most = max(used, default=len(host))
+    return f"{len(host)} x {host[0]}" if most >= len(host) else f"{most} of {len(host)} x {host[0]}"
+
+
 def provenance(results: dict[str, dict]) -> list[str]:
     lines = []
     for run, r in results.items():
         h = r["host"]
-        lines.append(f"{run}: {r['date'][:16]}, {len(h['gpus'])} x {h['gpus'][0]} (driver {h['driver']}), "
+        lines.append(f"{run}: {r['date'][:16]}, {gpus_used(r)} (driver {h['driver']}), "
                      f"torch {h['torch']}, deepspeed {h['deepspeed']}, transformers {h['transformers']}, "
                      f"liger-kernel {h['liger-kernel']}; `{r['command'].replace('__main__.py', 'labs')}`")
     return lines

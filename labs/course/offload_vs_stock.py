@@ -1,5 +1,6 @@
 """Chapter 10's 7B row with labs' copy against stock's offload setups on the same card, at the same 32,768 tokens per
-optimizer step: rounds 32 and 34-41 (results/gpu/one_card_7b_1xh100, one machine each), each with stock's setups and
+optimizer step: the rounds of stock_search.ROUNDS (results/gpu/one_card_7b_1xh100, one machine each; their list in
+prose: offload_verdict.rounds_text), each with stock's setups and
 labs' row on one host; labs.course.stock_search says which stock setups fit and reads the runs. With round 31's A/B
 (labs.course.offload_copy_report), what chapter 10 shows; the target's verdict and the recipe are
 labs.course.offload_verdict's.

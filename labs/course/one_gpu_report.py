@@ -6,6 +6,7 @@ planner's three candidates at the same 8 x 4,096 tokens per optimizer step, comp
     one_gpu_report.real_card()           # run y on a real H100 (y3, y4) against the capped H200
     one_gpu_report.cap_after_card_cap()  # run y5: labs.card_cap's cap on an H200 against the real H100
     one_gpu_report.cap_on_real_card()    # runs y6, y6b: the same cap on a real H100, with and without it
+    one_gpu_report.eighty_gb()           # labs / stock on one 80 GB card: y5's corrected cap, the real H100 runs
 """
 from __future__ import annotations
 
@@ -62,16 +63,20 @@ def repeat_spread(run: str) -> dict[str, float]:
             if r["status"] == "ok" and r["case"] in first}
 
 
-# The figures of PyTorch's out-of-memory message (GiB), by what each says; "cap" appears only under a memory fraction
-OOM_FIGURES = dict(capacity=r"total capacity of ([\d.]+) GiB", in_use=r"process has ([\d.]+) GiB memory in use",
-                   allocated=r"([\d.]+) GiB is allocated by PyTorch", requested=r"Tried to allocate ([\d.]+) GiB",
-                   reserved_unused=r"([\d.]+) GiB is reserved by PyTorch but unallocated", cap=r"([\d.]+) GiB allowed")
+# The figures of PyTorch's out-of-memory message, by what each says (each in GiB or MiB, read as GiB); "cap" appears
+# only under a memory fraction
+_SIZE = r"([\d.]+) ([GM]iB)"
+OOM_FIGURES = dict(capacity=rf"total capacity of {_SIZE}", in_use=rf"process has {_SIZE} memory in use",
+                   allocated=rf"{_SIZE} is allocated by PyTorch", requested=rf"Tried to allocate {_SIZE}",
+                   reserved_unused=rf"{_SIZE} is reserved by PyTorch but unallocated", cap=rf"{_SIZE} allowed")
 
 
 def oom_figures(error: str) -> dict[str, float]:
-    """Each figure of OOM_FIGURES that an out-of-memory message states, and where it states the process's memory in
-    use, PyTorch's allocated and its reserved-but-unused, what the process held outside PyTorch (the CUDA context)."""
-    said = {key: float(found.group(1)) for key, pattern in OOM_FIGURES.items() if (found := re.search(pattern, error))}
+    """Each figure of OOM_FIGURES that an out-of-memory message states, in GiB, and where it states the process's
+    memory in use, PyTorch's allocated and its reserved-but-unused, what the process held outside PyTorch (the CUDA
+    context)."""
+    said = {key: float(found.group(1)) / (1 if found.group(2) == "GiB" else 1024)
+            for key, pattern in OOM_FIGURES.items() if (found := re.search(pattern, error))}
     if {"in_use", "allocated", "reserved_unused"} <= said.keys():
         said["outside_pytorch"] = said["in_use"] - said["allocated"] - said["reserved_unused"]
     return said
@@ -126,7 +131,8 @@ def cap_after_fix() -> list[dict]:
 
 def cap_bound() -> dict:
     """Run y2's stock ZeRO-2 (not among run y's candidates) against run y: even slowed by the compile it ran faster
-    than run y's stock best, so it bounds labs' margin under the cap from above (two invocations)."""
+    than run y's stock best under the plain cap (two invocations). It does not fit a real 80 GB card (runs y3, y5,
+    y6), so it bounds nothing there: eighty_gb() has the figures for one 80 GB card."""
     y2 = {r["case"]: r for r in cap_after_fix()}["stock-zero2-cknone-mb1-ga8"]
     labs, stock = gpu_report.best(SWEEPS["y"], "labs"), gpu_report.best(SWEEPS["y"], "stock")
     return dict(stock_zero2=y2["tokens_per_s"], stock_best_y=stock["tokens_per_s_per_gpu"],
@@ -193,3 +199,20 @@ def cap_on_real_card() -> list[dict]:
                           peak_gib=r["peak_gib"] if ok else None, uncapped_peak_gib=other["peak_gib"] if ok else None,
                           **said))
     return found
+
+
+def eighty_gb() -> dict:
+    """labs' best over stock's best for the 3B on one 80 GB card, as a user should read it: on an H200 under
+    labs.card_cap's corrected cap (run y5, one invocation), and on real H100s in four invocations (runs y3 and y4
+    without a cap, y6 under card_cap and y6b without, the same two cases); the plain cap of run y let through a stock
+    case that a real card does not fit."""
+    y5 = {r["case"]: r for r in cap_after_card_cap() if r["card_cap"] == "ok"}
+    y6 = {r["case"]: r for r in cap_on_real_card() if r["capped"] == "ok"}
+    card = real_card()
+    labs, stock = card["labs"], card["stock"]
+    assert {labs, stock} <= y5.keys() and {labs, stock} <= y6.keys(), "the same two cases in every run"
+    real = dict(y3=card["ratio"], y4=card["repeat_ratio"],
+                y6=y6[labs]["tokens_per_s"] / y6[stock]["tokens_per_s"],
+                y6b=y6[labs]["uncapped_tokens_per_s"] / y6[stock]["uncapped_tokens_per_s"])
+    return dict(labs=labs, stock=stock, corrected_cap=y5[labs]["tokens_per_s"] / y5[stock]["tokens_per_s"],
+                real_card=real, real_low=min(real.values()), real_high=max(real.values()))

@@ -1,13 +1,33 @@
 """Chapter 09 (Qwen-7B on GPUs): exercises. Each asks for a prediction from what chapters 1-8 teach; the expected
 answer is the measurement in the committed GPU results (or labs' formula where the question is arithmetic, or
 labs.memory where no run measured the case), and the tolerance is what the reasoning can be expected to reach."""
-from labs import memory, models
+from labs import config, memory, models
 from labs.bench import results
 from labs.course import autotune_report, gpu_report
 from labs.course.exercises.registry import exercise
-from labs.memory import activations
+from labs.memory import activations, layout
 
 QWEN = models.shape("qwen2.5-7b")
+
+
+def _half_offload_premise() -> dict:
+    """Run p's half offload as DeepSpeed 0.19.8 splits it (stage3.py: sub-group i goes to the CPU when
+    i >= int((1 - ratio) x count)): the config's ratio, the 3B's sub-groups and those kept on the GPU."""
+    zero = config.load("bench/labs_zero3_offload_half.json")["zero_optimization"]
+    z3 = layout.zero3_partition(layout.param_layout(models.shape("qwen2.5-3b")), 1,
+                                zero["stage3_param_persistence_threshold"], zero["sub_group_size"])
+    ratio = zero["offload_optimizer"]["ratio"]
+    on_gpu = layout.zero3_gpu_sub_groups(z3, {"offload_ratio": ratio})
+    return dict(ratio=ratio, count=len(z3["sub_groups"]), on_gpu=len(on_gpu), gpu_params=sum(on_gpu),
+                params=z3["partition"], sub_group_size=zero["sub_group_size"])
+
+
+_HALF = _half_offload_premise()
+
+
+def _e(x: float) -> str:
+    """A count as DeepSpeed's docs write sizes: 5e8, 1.54e9."""
+    return f"{x:.3g}".replace("e+0", "e")
 
 
 def _case(run: str, case: str) -> dict:
@@ -49,18 +69,22 @@ def _accumulated_shard():
     return (est[2].total_per_gpu_bytes - est[1].total_per_gpu_bytes) / 2**30
 
 
-@exercise("09.5", "Run n (one H200, 3B shape, 32,768 tokens per step): the optimizer step of plain offload runs on the "
-          "CPU and takes the same time whoever drives the GPU. From run n's table, predict the most labs' offload "
-          "could reach over stock's best offload case if everything labs does on the GPU took no time at all.", "x",
-          rel=0.05, hint="stock's whole step (tokens per step / tokens per second) over labs' optimizer-step seconds")
+@exercise("09.5", "Run m (one H200, 3B shape, 32,768 tokens per step; its table above): the optimizer step of plain "
+          "offload runs on the CPU and takes about the same time whoever drives the GPU. From run m's table, predict "
+          "the most labs' offload could reach over stock's best offload case if everything labs does on the GPU took "
+          "no time at all.", "x", rel=0.05,
+          hint="stock's whole step (tokens per step / tokens per second) over labs' optimizer-step seconds")
 def _offload_ceiling():
-    return gpu_report.offload_bounds(gpu_report.RUNS["offload_stock"])["ratio_if_gpu_part_were_free"]
+    return gpu_report.offload_bounds(gpu_report.RUNS["offload"])["ratio_if_gpu_part_were_free"]
 
 
-@exercise("09.6", "Predict, before reading run p's table: with offload_optimizer.ratio 0.5 DeepSpeed steps ZeRO-3's "
-          "optimizer sub-groups 0 .. int(0.5 x count) - 1 on the GPU and the rest on the CPU: for the 3B shape 3 of "
-          "its 7 sub-groups, holding 1.54e9 of its 3.09e9 parameters. How many GiB more does the GPU peak at than with the whole "
-          "optimizer offloaded (same micro-batch)? Think about every fp32 tensor a GPU-side Adam step needs.",
+@exercise("09.6", "Predict, before reading run p's table: DeepSpeed 0.19.8 steps ZeRO-3's optimizer in sub-groups and, "
+          "at offload_optimizer.ratio r, sends sub-group i to the CPU when i >= int((1 - r) x count), so the first "
+          f"int((1 - r) x count) stay on the GPU and are stepped there. Run p's half offload (r = {_HALF['ratio']:g}, "
+          f"sub_group_size {_e(_HALF['sub_group_size'])}) on the 3B shape keeps {_HALF['on_gpu']} of its "
+          f"{_HALF['count']} sub-groups on the GPU, holding {_e(_HALF['gpu_params'])} of its {_e(_HALF['params'])} "
+          "parameters. How many GiB more does the GPU peak at than with the whole optimizer offloaded (same "
+          "micro-batch)? Think about every fp32 tensor a GPU-side Adam step needs.",
           "GiB", rel=0.05,
           hint="per parameter of a GPU sub-group: the fp32 master and both Adam moments (12 bytes) and the fp32 "
                "gradient the step reads (4 bytes: DeepSpeed moves it to the sub-group's device)")
