@@ -184,7 +184,8 @@ def check_hardware(nproc: int, on_gpu: bool, seq_len: int, dims: dict, estimate_
     estimate = memory.estimate(**estimate_kwargs, host_pinning=host_pinning(on_gpu))
     if on_gpu:
         have = gpu_memory_bytes or torch.cuda.get_device_properties(0).total_memory
-        need, where = estimate.total_per_gpu_bytes, "per GPU"
+        # a ZeRO-1/2 start-up flatten with no room on the card is made on the CPU (labs.memory's fit_bytes)
+        need, where = estimate.fit_bytes, "per GPU"
     else:
         have = host_memory_bytes() / nproc
         need, where = estimate.total_per_gpu_bytes + estimate.host_per_node_bytes / nproc, "per CPU rank"

@@ -16,9 +16,11 @@ from labs.course import exercises
     ("03.1", 8 * (12 + 8 * 7_615_616_512 / 8 / 2**30), (18 * 7_615_616_512 + 8 * 2 * 152_064 * 3584) / 2**30),
     ("03.2", 4 * 8192 / (4 * (0.2344 + 1.3670) + 4.6018), 8192 / 6.189),
     ("03.3", "optimizer+params", "optimizer"),      # at 8192 with the 'hf' loss the optimizer alone is 8 GiB over
-    ("01.1", 6.5, 2 + 14 / 4),                      # DeepSpeed counts 18 partitioned bytes, the paper 14
+    ("01.1", 4 + 16 / 16, 2 + 18 / 16),              # ZeRO-1 keeps the bf16 gradients whole: not ZeRO-2's rule
+    ("01.1", 4 + 16 / 16, 4 + 12 / 16),              # DeepSpeed's rules count the fp32 gradient copy, the paper not
     ("01.2", "optimizer_step", "loss_backward"),    # with activations small, the fp32 copy of the update decides
     ("01.5", 18 * 7_615_616_512 / 1e9, 12 * 7_615_616_512 / 1e9),   # fp32 grads and ZeRO-3's bf16 ones go too
+    ("01.4", 21.0, 2 * 2 * 7_615_616_512 / 2**30),  # the start-up flatten goes to the CPU on a card without room
     ("06.1", 19 // 8, 19 // 8 + 1),                 # nodes count from 0, as node ranks do
     ("08.1", 2**20 // 4096 // (16 * 4), 2**20 // 4096 // (8 * 4)),   # the ranks of both nodes, not one node's
     # iterations 101-248: after the peak at 100, before the floor at 250 - 1; accelerate divides the total (1000 / 4)

@@ -7,21 +7,11 @@ import pytest
 from conftest import ROOT, run_labs
 from labs import CONFIGS, config, memory, models, resolve
 from labs.bench import offload_plan
+from labs.memory import accounting
+from labs.memory.accounting import PAPER_TABLE1, PAPER_TABLE1_ND
 
-# Rajbhandari et al. 2019 (arXiv:1910.02054), Table 1: per-device model-state memory in GB (10^9 bytes),
-# Psi = 7.5e9 / 128e9 / 1e12, K = 12, as printed. Columns: P_os (stage 1), P_os+g (2), P_os+g+p (3).
-ND = (1, 4, 16, 64, 256, 1024)
-TABLE1 = {
-    7.5e9: {1: ("120", "52.5", "35.6", "31.4", "30.4", "30.1"),
-            2: ("120", "41.3", "21.6", "16.6", "15.4", "15.1"),
-            3: ("120", "30", "7.5", "1.88", "0.47", "0.12")},
-    128e9: {1: ("2048", "896", "608", "536", "518", "513"),
-            2: ("2048", "704", "368", "284", "263", "257"),
-            3: ("2048", "512", "128", "32", "8", "2")},
-    1e12: {1: ("16000", "7000", "4750", "4187", "4046", "4011"),
-           2: ("16000", "5500", "2875", "2218", "2054", "2013"),
-           3: ("16000", "4000", "1000", "250", "62.5", "15.6")},
-}
+# Rajbhandari et al. 2019 (arXiv:1910.02054), Table 1, as printed (labs.memory.accounting keeps the published values)
+ND, TABLE1 = PAPER_TABLE1_ND, PAPER_TABLE1
 
 
 def _paper_gb(psi, stage, nd):
@@ -45,6 +35,17 @@ def test_paper_table1_larger_models_are_truncated_not_rounded(psi):
             ours = Decimal(repr(_paper_gb(psi, stage, nd)))
             digits = Decimal(1).scaleb(Decimal(printed).as_tuple().exponent)
             assert ours.quantize(digits, rounding="ROUND_DOWN") == Decimal(printed), (psi, stage, nd, ours)
+
+
+def test_chapter_1s_table_puts_the_printed_values_beside_the_estimates():
+    """The rows chapter 1 shows: the estimate's paper accounting beside Table 1's printed 7.5B values, each within
+    half a unit of the last digit the paper prints."""
+    rows = accounting.paper_table1_rows()
+    assert [r["N_d"] for r in rows] == list(ND)
+    for row in rows:
+        for stage, name in ((1, "P_os"), (2, "P_os+g"), (3, "P_os+g+p")):
+            assert row[name] == pytest.approx(_paper_gb(7.5e9, stage, row["N_d"])) and row[f"{name} agrees"]
+            assert row[f"{name} paper"] == TABLE1[7.5e9][stage][ND.index(row["N_d"])]
 
 
 def test_paper_baseline_is_16_bytes_per_parameter_at_any_dp_degree():
@@ -156,6 +157,57 @@ def test_advice_of_equal_cost_changes_no_more_than_it_needs():
     advice = memory.advise("H100", preset="qwen2.5-7b", stage=1, gpus_per_node=8, offload_optimizer="cpu")
     tied = [o for o in advice.options if round(o["slowdown"], 6) == round(advice.slowdown, 6)]
     assert len(tied) > 1 and advice.change == min((o["change"] for o in tied), key=len) == {"loss": "liger"}
+
+
+# The reader's case: every training moment fits a 24 GB card, only ZeRO-2's start-up flatten (the model copied into one
+# flat buffer beside the original tensors) does not, and DeepSpeed makes that copy on the CPU when the card lacks room.
+ON_64_4090S = dict(preset="qwen2.5-7b", stage=2, gpus_per_node=8, nodes=8, activation_checkpointing="full",
+                   loss="liger")
+
+
+def test_a_start_up_flatten_without_room_decides_no_fit():
+    """DeepSpeed 0.19.8's ZeRO-1/2 optimizer compares the free memory with the flat buffer and, short of room, moves
+    the parameters to the CPU and flattens there (stage_1_and_2.py, `flatten_on_accelerator`): the GPU then holds the
+    flat buffer alone, which every later moment holds too. So the fit is the largest other moment's."""
+    est = memory.estimate(**ON_64_4090S)
+    card, usable = memory.gpu_bytes("RTX4090"), memory.usable_bytes("RTX4090")
+    assert est.peak_phase == "init" and est.init_falls_back and est.fit_phase == "layer_backward"
+    assert est.fit_bytes == max(p["total"] for name, p in est.phases.items() if name != "init") < usable
+    assert est.total_per_gpu_bytes > usable                    # the peak itself, with room for the copy, is unchanged
+    assert est.phases["init"]["params"] <= est.fit_bytes       # what the fallback leaves: the flat buffer alone
+    assert est.fits(card) and any("start-up flatten" in note for note in est.notes)
+    advice = memory.advise(card, **ON_64_4090S)
+    assert advice.fits_as_is and advice.change == {} and advice.as_dict()["fit_bytes"] == est.fit_bytes
+    assert str(advice).startswith(f"fits: {est.fit_bytes / 2**30:.1f} GiB at layer_backward (its start-up flatten")
+    # ZeRO-1 holds every gradient at the end of backward, more than the card: moving to ZeRO-2 is the free fix
+    zero1 = memory.advise(card, **{**ON_64_4090S, "stage": 1})
+    assert not zero1.fits_as_is and zero1.change == {"stage": 2}
+    assert "its start-up flatten on the CPU" in str(zero1)
+    # a card with room for the copy: the flatten runs on the GPU, is the peak, and fits
+    room = memory.usable_bytes("A100-40GB") / 2**30
+    assert str(memory.advise("A100-40GB", **ON_64_4090S)) == \
+        f"fits: peak {est.total_per_gpu_bytes / 2**30:.1f} GiB of {room:.1f} GiB usable"
+
+
+@pytest.mark.parametrize("stage, precision, data_types, engine, falls_back", [
+    (1, "bf16", None, "deepspeed", True),
+    (2, "fp32", None, "deepspeed", True),
+    (0, "bf16", None, "deepspeed", False),          # FP16_Optimizer (bf16 too) clones and flattens on the GPU
+    (3, "bf16", None, "deepspeed", False),          # ZeRO-3 makes no whole flat copy
+    (1, "bf16", {"grad_accum_dtype": "fp32"}, "deepspeed", False),   # ZeRO-1's BF16_Optimizer: no check either
+    (2, "bf16", {"grad_accum_dtype": "fp32"}, "deepspeed", True),
+    (2, "bf16", None, "fsdp2", False),
+])
+def test_only_zero1_and_2s_optimizer_flattens_on_the_cpu_when_short(stage, precision, data_types, engine,
+                                                                     falls_back):
+    resolved = {"zero_optimization": {"stage": stage}, **({"data_types": data_types} if data_types else {})}
+    assert memory.peak.init_falls_back(stage, precision, resolved, engine) is falls_back
+
+
+def test_zero0s_start_up_copy_counts_in_its_fit():
+    """ZeRO-0 has no fallback, so every moment counts; its start-up copies are below its optimizer step anyway."""
+    est = memory.estimate("qwen2.5-7b", stage=0, gpus_per_node=8)
+    assert not est.init_falls_back and est.fit_phase == est.peak_phase and est.fit_bytes == est.total_per_gpu_bytes
 
 
 def test_accumulation_keeps_zero2_gradients_through_the_next_loss():

@@ -116,6 +116,25 @@ def test_an_offloaded_7b_on_a_gpu_host_without_the_host_memory(monkeypatch, caps
         check("qwen2.5-7b", 2, "full")
 
 
+def test_a_start_up_flatten_without_room_on_the_card_is_not_refused(monkeypatch, capsys):
+    """ZeRO-2 with the optimizer offloaded: the 7B's start-up flatten (28.4 GiB, its peak where the card has room)
+    is made on the CPU on a 20 GiB card, so labs weighs the largest training moment: no refusal, a note."""
+    from labs import memory, models, preflight
+
+    monkeypatch.setattr(preflight, "ranks_that_fit", lambda on_gpu: 1)
+    monkeypatch.setattr(preflight, "host_memory_bytes", lambda: 250 * 2**30)
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    dims, card = models.shape("qwen2.5-7b"), memory.parse_bytes("20GiB")
+    setting = dict(dims=dims, gpus_per_node=1, seq_len=4096, loss="liger", kernels="liger", micro_batch=1, grad_accum=1,
+                   activation_checkpointing="full", ds_config=json.loads(
+                       (ROOT / "ds_configs/bench/labs_zero2_offload.json").read_text()))
+    est = memory.estimate(**setting)
+    assert est.peak_phase == "init" and est.total_per_gpu_bytes > 1.25 * card > est.fit_bytes   # refused before
+    preflight.check_hardware(1, True, 4096, dims, setting, card)
+    note = capsys.readouterr().err                                  # near the card: a note, on the largest moment
+    assert f"predicts a peak of {est.fit_bytes / 2**30:,.1f} GiB per GPU" in note
+
+
 def test_a_gpu_run_within_2_gib_of_the_card_gets_a_note_on_the_allocator(monkeypatch, capsys):
     """labs.memory predicts allocated memory; PyTorch's cache holds more. On one H100, stock's 4 x 2 at 74% of 3e8
     sub-groups (73.4 GiB predicted, 74.7 usable) ran out of memory with 11.2 GiB reserved but unallocated and ran with

@@ -10,7 +10,27 @@
 """
 from __future__ import annotations
 
+from decimal import Decimal
+
 OPTIMIZERS = {"adamw": 8, "adam": 8, "adamw8bit": 2, "adafactor": None, "lion": 4, "sgd": 4}  # state bytes/param
+
+# Published reference values, typed as printed, not computed: Rajbhandari et al. 2019, "ZeRO: Memory Optimizations
+# Toward Training Trillion Parameter Models" (arXiv:1910.02054), Table 1: model-state memory per device in GB (10^9
+# bytes), K = 12, for Psi = 7.5e9, 128e9 and 1e12 parameters and the data-parallel degrees N_d of PAPER_TABLE1_ND; by
+# stage, 1 = P_os, 2 = P_os+g, 3 = P_os+g+p. `paper_model_states_bytes` reproduces them (tests/test_memory.py: the 7.5B
+# column rounded half-up, the larger ones truncated).
+PAPER_TABLE1_ND = (1, 4, 16, 64, 256, 1024)
+PAPER_TABLE1 = {
+    7.5e9: {1: ("120", "52.5", "35.6", "31.4", "30.4", "30.1"),
+            2: ("120", "41.3", "21.6", "16.6", "15.4", "15.1"),
+            3: ("120", "30", "7.5", "1.88", "0.47", "0.12")},
+    128e9: {1: ("2048", "896", "608", "536", "518", "513"),
+            2: ("2048", "704", "368", "284", "263", "257"),
+            3: ("2048", "512", "128", "32", "8", "2")},
+    1e12: {1: ("16000", "7000", "4750", "4187", "4046", "4011"),
+           2: ("16000", "5500", "2875", "2218", "2054", "2013"),
+           3: ("16000", "4000", "1000", "250", "62.5", "15.6")},
+}
 
 
 def paper_model_states_bytes(params, stage: int, world: int, k: float = 12, param_bytes=2, grad_bytes=2) -> float:
@@ -20,6 +40,21 @@ def paper_model_states_bytes(params, stage: int, world: int, k: float = 12, para
     psi, n = params, world
     p, g = param_bytes * psi, grad_bytes * psi
     return {0: p + g + k * psi, 1: p + g + k * psi / n, 2: p + (g + k * psi) / n, 3: (p + g + k * psi) / n}[stage]
+
+
+def paper_table1_rows() -> list[dict]:
+    """Table 1's 7.5B columns, by N_d: `paper_model_states_bytes` in GB beside the paper's printed value ("... paper"),
+    and whether ours is within half a unit of its last printed digit ("... agrees": the paper rounds these half up)."""
+    rows = []
+    for i, nd in enumerate(PAPER_TABLE1_ND):
+        row = dict(N_d=nd, baseline=paper_model_states_bytes(7.5e9, 0, nd) / 1e9)
+        for stage, name in ((1, "P_os"), (2, "P_os+g"), (3, "P_os+g+p")):
+            ours, printed = paper_model_states_bytes(7.5e9, stage, nd) / 1e9, PAPER_TABLE1[7.5e9][stage][i]
+            half_unit = Decimal(1).scaleb(Decimal(printed).as_tuple().exponent) / 2
+            row.update({name: ours, f"{name} paper": printed,
+                        f"{name} agrees": abs(Decimal(repr(ours)) - Decimal(printed)) <= half_unit})
+        rows.append(row)
+    return rows
 
 
 def deepspeed_estimator(params, stage, gpus_per_node, nodes, largest_layer, offload_optimizer, offload_param,

@@ -12,6 +12,8 @@ measures real costs, and `labs memory --plan` ranks GPU-resident setups by a ste
 - optimizer offload: the Adam step runs on the CPU and grads cross PCIe: 1.5x. Parameter offload: 2x more.
 Among options of the same cost, the one that changes fewest settings wins, then the lower peak: a tie never adds
 a change that is not needed.
+Every verdict weighs an estimate's `fit_bytes`: its peak, except ZeRO-1/2's start-up flatten, which DeepSpeed makes on
+the CPU when the card has no room for it (labs.memory.estimate).
 """
 from __future__ import annotations
 
@@ -37,21 +39,34 @@ class Advice:
     options: list = field(default_factory=list)       # every fitting combination, cheapest first
 
     def __str__(self) -> str:
-        used, usable = self.current.total_per_gpu_bytes / GiB, self.usable_bytes / GiB
+        used, usable = self._held(self.current), self.usable_bytes / GiB
+        if self._on_cpu(self.current):
+            used += (f" (its start-up flatten, {self.current.total_per_gpu_bytes / GiB:.1f} GiB where the card has "
+                     "room, runs on the CPU here)")
         if self.fits_as_is:
-            return f"fits: peak {used:.1f} GiB of {usable:.1f} GiB usable"
+            return f"fits: {used} of {usable:.1f} GiB usable"
         if self.suggestion is None:
-            return (f"does not fit: peak {used:.1f} GiB > {usable:.1f} GiB usable, and no stage, offload, "
+            return (f"does not fit: {used} > {usable:.1f} GiB usable, and no stage, offload, "
                     "checkpointing or loss change fits: use more GPUs, a smaller micro-batch or shorter sequences")
         changes = ", ".join(f"{k}={v}" for k, v in self.change.items())
-        return (f"does not fit: peak {used:.1f} GiB > {usable:.1f} GiB usable; cheapest change that fits: "
-                f"{changes} (peak {self.suggestion.total_per_gpu_bytes / GiB:.1f} GiB, "
-                f"~{self.slowdown:.2f}x the step time)")
+        flatten = ", its start-up flatten on the CPU" if self._on_cpu(self.suggestion) else ""
+        return (f"does not fit: {used} > {usable:.1f} GiB usable; cheapest change that fits: "
+                f"{changes} ({self._held(self.suggestion)}{flatten}, ~{self.slowdown:.2f}x the step time)")
+
+    def _on_cpu(self, est: MemoryEstimate) -> bool:
+        """Whether DeepSpeed makes this setting's start-up flatten, its peak, on the CPU: no room for it here."""
+        return est.fit_phase != est.peak_phase and est.total_per_gpu_bytes > self.usable_bytes
+
+    def _held(self, est: MemoryEstimate) -> str:
+        """The bytes the verdict weighs: the peak, or the largest other moment when the flatten is on the CPU."""
+        if self._on_cpu(est):
+            return f"{est.fit_bytes / GiB:.1f} GiB at {est.fit_phase}"
+        return f"peak {est.total_per_gpu_bytes / GiB:.1f} GiB"
 
     def as_dict(self) -> dict:
         return dict(gpu_memory_bytes=self.gpu_memory_bytes, usable_bytes=self.usable_bytes,
                     fits_as_is=self.fits_as_is, change=self.change, slowdown=self.slowdown,
-                    peak_bytes=self.current.total_per_gpu_bytes,
+                    peak_bytes=self.current.total_per_gpu_bytes, fit_bytes=self.current.fit_bytes,
                     suggested_peak_bytes=self.suggestion.total_per_gpu_bytes if self.suggestion else None,
                     verdict=str(self))
 
@@ -63,7 +78,7 @@ def advise(gpu_memory_bytes, reserve_bytes=None, **inputs) -> Advice:
     usable = usable_bytes(gpu_memory_bytes, reserve_bytes)
     current = estimate(**inputs)
     base = current.inputs
-    advice = Advice(gpu_memory_bytes, usable, current.total_per_gpu_bytes <= usable, current)
+    advice = Advice(gpu_memory_bytes, usable, current.fit_bytes <= usable, current)
     if advice.fits_as_is:
         return advice
     dims = current.inputs["dims"] or (models.shape(base["preset"]) if base["preset"] else None)
@@ -89,8 +104,7 @@ def advise(gpu_memory_bytes, reserve_bytes=None, **inputs) -> Advice:
                     cost = _slowdown(settings, base, k, layers, dims)
                     change = {key: v for key, v in settings.items() if v != base[key]}
                     advice.options.append(dict(change=change, slowdown=cost, estimate=est))
-    advice.options.sort(key=lambda o: (round(o["slowdown"], 6), len(o["change"]),
-                                       o["estimate"].total_per_gpu_bytes))
+    advice.options.sort(key=lambda o: (round(o["slowdown"], 6), len(o["change"]), o["estimate"].fit_bytes))
     if advice.options:
         best = advice.options[0]
         advice.change, advice.slowdown, advice.suggestion = best["change"], best["slowdown"], best["estimate"]
@@ -126,7 +140,7 @@ def _fewest_layers(settings, base, now, layers, usable):
     """The fewest checkpointed layers (at least the current number) that fit; None if even all do not."""
     def fits(k):
         how = _how(k, layers, base["activation_checkpointing"])
-        return estimate(**{**base, **settings, "activation_checkpointing": how}).total_per_gpu_bytes <= usable
+        return estimate(**{**base, **settings, "activation_checkpointing": how}).fit_bytes <= usable
 
     low, high = now, max(now, layers)
     if not fits(high):

@@ -13,6 +13,8 @@ Three accountings, each proven by a test:
   (params, grads, optimizer, activations, buffers) are those live at that moment, so they add up to the total.
   `resident_per_rank` is what each rank holds after backward, before the optimizer step: what the state_bytes
   instrument measures on a real engine.
+- The fit (`fit_bytes`, `fits`): the peak, unless that is ZeRO-1/2's start-up flatten (`init`), which DeepSpeed makes
+  on the CPU when the card has no room for it (peak.init_falls_back): then the largest other moment.
 
 Every default (micro-batch, sequence length, precision, the DeepSpeed config and its "auto" values) comes from
 labs.resolve, the resolver `labs train` uses: an estimate and a run with the same arguments describe the same run.
@@ -66,14 +68,27 @@ class MemoryEstimate:
     breakdown: dict
     inputs: dict
     notes: list = field(default_factory=list)
+    init_falls_back: bool = False       # DeepSpeed flattens at start-up on the CPU when the card has no room
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        return dict(asdict(self), fit_phase=self.fit_phase, fit_bytes=self.fit_bytes)
+
+    @property
+    def fit_phase(self) -> str:
+        """The moment a fit verdict weighs: the peak's, unless that is a start-up flatten DeepSpeed moves to the CPU
+        on a card without room (the GPU then holds the flat buffer alone, as every later moment does)."""
+        weighed = [name for name in self.phases if not (self.init_falls_back and name == "init")]
+        return max(weighed, key=lambda name: self.phases[name]["total"])
+
+    @property
+    def fit_bytes(self) -> int:
+        """The bytes a card must hold for this setting to fit (the peak but for a start-up flatten, see fit_phase)."""
+        return self.phases[self.fit_phase]["total"]
 
     def fits(self, gpu_memory_bytes, reserve_bytes=None) -> bool:
-        """Whether the peak fits, leaving `reserve_bytes` (default 1 GiB + 5%: CUDA context, NCCL and
+        """Whether `fit_bytes` fits, leaving `reserve_bytes` (default 1 GiB + 5%: CUDA context, NCCL and
         cuBLAS workspaces, allocator fragmentation) of the card free."""
-        return self.total_per_gpu_bytes <= usable_bytes(gpu_memory_bytes, reserve_bytes)
+        return self.fit_bytes <= usable_bytes(gpu_memory_bytes, reserve_bytes)
 
 
 def estimate(preset=None, *, params=None, dims=None, stage=None, gpus_per_node=1, nodes=1, precision=None,
@@ -199,14 +214,19 @@ def estimate(preset=None, *, params=None, dims=None, stage=None, gpus_per_node=1
                      checkpointed_layers=acts["checkpointed"], tokens_per_gpu=micro_batch * seq_len, knobs=knobs,
                      optimizer_state_bytes_per_param=state_bytes / params, k=k,
                      fsdp=fsdp_settings)
-    return MemoryEstimate(
+    est = MemoryEstimate(
         params=params, params_per_gpu_bytes=top["params"], grads_per_gpu_bytes=top["grads"],
         optimizer_per_gpu_bytes=top["optimizer"], activations_per_gpu_bytes=top["activations"],
         buffers_per_gpu_bytes=top["buffers"], total_per_gpu_bytes=top["total"],
         model_states_per_gpu_bytes=int(ds["gpu"]), paper_model_states_per_gpu_bytes=int(paper),
         host_per_node_bytes=int(host_rank * gpus_per_node), nvme_per_node_bytes=int(nvme_rank * gpus_per_node),
         peak_phase=peak_phase, phases=phases, resident_per_rank=resident, deepspeed_estimator=ds,
-        breakdown=breakdown, inputs=inputs, notes=notes)
+        breakdown=breakdown, inputs=inputs, notes=notes,
+        init_falls_back=peak.init_falls_back(stage, precision, resolved, "fsdp2" if fsdp_settings else "deepspeed"))
+    if est.fit_phase != peak_phase:
+        notes.append(f"the peak is the start-up flatten (init): on a card without room for the flat copy DeepSpeed "
+                     f"makes it on the CPU, and the fit weighs {est.fit_phase} ({est.fit_bytes / 2**30:.1f} GiB)")
+    return est
 
 
 def from_run(run, **overrides) -> MemoryEstimate:

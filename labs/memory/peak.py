@@ -1,7 +1,9 @@
 """The peak of `torch.cuda.max_memory_allocated` through a training step, moment by moment.
 
 A step passes through moments where different things are alive; the peak is the largest of them:
-- init: ZeRO-0/1/2 copy the model into one flat buffer while the original tensors still exist.
+- init: ZeRO-0/1/2 copy the model into one flat buffer while the original tensors still exist. ZeRO-1/2 do that
+  on the GPU only when it has room for the copy; otherwise on the CPU (`init_falls_back`), so this moment decides
+  no fit verdict there (labs.memory.estimate's `fit_bytes`).
 - loss_backward: every saved activation plus the loss at its worst (stock loss: three fp32 [tokens, vocab]
   tensors inside log_softmax's backward); no gradient exists yet (ZeRO-3 keeps its gradient buffer), unless
   an earlier micro-batch of the same step left its gradients (ZeRO-0/1: every p.grad, and ZeRO-1's reduce buckets;
@@ -154,6 +156,25 @@ def deepspeed(params, layout, dims, stage, world, d, mixed, state_bytes, offload
         phases["first_reduce"] = dict(base, grads=grads["end"], activations=_activations_after(acts, before_reduce),
                                       buffers=staging_gpu + reduce_buckets)
     return phases, resident, host, nvme
+
+
+def init_falls_back(stage: int, precision: str, resolved: dict, engine: str = "deepspeed") -> bool:
+    """Whether DeepSpeed 0.19.8 flattens the model on the CPU when the GPU has no room for the flat copy. ZeRO-1/2's
+    optimizer (DeepSpeedZeroOptimizer, ZenFlow's included) does: it compares the free memory with the flat buffer
+    (stage_1_and_2.py, `flatten_on_accelerator`) and, short of room, moves the group's parameters to the CPU, flattens
+    there and copies only the flat buffer back, so the GPU never holds both. The others have no such check: ZeRO-0's
+    FP16_Optimizer (bf16 and fp16: fused_optimizer.py clones and flattens on the GPU), ZeRO-1's BF16_Optimizer (bf16
+    weights with fp32 gradient accumulation, `data_types.grad_accum_dtype`; labs never sets it), FSDP2; ZeRO-3 makes
+    no whole flat copy."""
+    if engine != "deepspeed" or stage not in (1, 2):
+        return False
+    zero = resolved.get("zero_optimization") or {}
+    accumulates_fp32 = str((resolved.get("data_types") or {}).get("grad_accum_dtype")) in FP32_NAMES
+    offloaded = (zero.get("offload_optimizer") or {}).get("device") in ("cpu", "nvme")
+    return not (stage == 1 and precision == "bf16" and accumulates_fp32 and not offloaded)
+
+
+FP32_NAMES = ("fp32", "float32", "float", "torch.float32")     # DeepSpeed's DtypeEnum names for fp32
 
 
 def layers_before_first_reduce(acts, dims, knobs) -> int:

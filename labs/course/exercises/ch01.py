@@ -12,11 +12,12 @@ SMALL_ACTIVATIONS = dict(preset="qwen2.5-7b", micro_batch=2, seq_len=4096, activ
                          loss="liger")
 
 
-@exercise("01.1", "DeepSpeed's ZeRO-2 accounting on 4 GPUs: model states per GPU divided by the model's parameter "
-          "count (the largest layer does not enter at ZeRO-2)?", "bytes per parameter", rel=0,
-          hint="what stays whole on every GPU, plus what is split four ways (the DeepSpeed comparison cell)")
-def _zero2_bytes_per_param():
-    return memory.estimate(params=1e9, stage=2, gpus_per_node=4).model_states_per_gpu_bytes / 1e9
+@exercise("01.1", "DeepSpeed's estimator rules as labs extends them to ZeRO-1, on 16 GPUs (2 nodes of 8): model "
+          "states per GPU divided by the model's parameter count?", "bytes per parameter", rel=0,
+          hint="of DeepSpeed's 2 + 18 bytes, ask which ZeRO-1 splits over the GPUs (what the optimizer keeps) and "
+               "which stay whole on every GPU (the DeepSpeed comparison cell and the tutorials' sums)")
+def _zero1_bytes_per_param():
+    return memory.estimate(params=1e9, stage=1, gpus_per_node=8, nodes=2).model_states_per_gpu_bytes / 1e9
 
 
 @exercise("01.2", "Qwen2.5-7B, ZeRO-2 on 8 GPUs, micro-batch 2 x 4096, full checkpointing, Liger loss: at which "
@@ -35,10 +36,12 @@ def _zero1_minus_zero2():
     return (zero1.total_per_gpu_bytes - zero2.total_per_gpu_bytes) / memory.GiB
 
 
-@exercise("01.4", "Same setting with ZeRO-2 on 64 GPUs (8 nodes of 8): the peak per GPU, in GiB?", "GiB", rel=0.02,
-          hint="more GPUs shrink only the partitioned parts; look again at what happens at init")
-def _zero2_on_64():
-    return memory.estimate(**SMALL_ACTIVATIONS, stage=2, gpus_per_node=8, nodes=8).total_per_gpu_bytes / memory.GiB
+@exercise("01.4", "01.2's setting on 64 GPUs (8 nodes of 8), each an RTX 4090 (24 GB): how many GiB per GPU must "
+          "the card hold for labs.memory to say it fits (the estimate's fit_bytes)?", "GiB", rel=0.03,
+          hint="the peak where the card has room is the start-up flatten, twice the bf16 weights: what does "
+               "DeepSpeed do when the card has no room for it, and which moment is the largest after it?")
+def _zero2_on_64_small_cards():
+    return memory.estimate(**SMALL_ACTIVATIONS, stage=2, gpus_per_node=8, nodes=8).fit_bytes / memory.GiB
 
 
 @exercise("01.5", "Qwen2.5-7B, ZeRO-3 with the optimizer offloaded to the CPU, one node of 8 GPUs: host memory of "
