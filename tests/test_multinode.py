@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from labs import multinode, network, rendezvous
+from labs import models, multinode, network, rendezvous, resolve
+from labs.course import network_view, stages
 from labs.cli import main
 from labs.errors import LabsError
 from labs.instruments import comm
@@ -136,6 +137,29 @@ def test_slurm_script_runs_labs_once_per_node(tmp_path):
         assert "--preset qwen2.5-7b --out runs/big --steps 20 --nproc 8" in line and "--slurm" not in line
 
 
+def test_chapter_6_shows_the_script_the_cli_writes(tmp_path):
+    from labs.course import multinode as emulation
+
+    shown = emulation.slurm_written(["--nnodes", "4", "--nproc", "8", "--preset", "qwen2.5-7b", "--out", "runs/x"],
+                                    tmp_path)
+    assert main(["train", "--slurm", str(tmp_path / "cli.sbatch"), "--nnodes", "4", "--nproc", "8", "--preset",
+                 "qwen2.5-7b", "--out", "runs/x"]) == 0
+    written = (tmp_path / "cli.sbatch").read_text()
+    assert shown == written.replace(f"--chdir={Path.cwd()}\n", "--chdir=WORKDIR\n").replace(sys.executable, "PYTHON")
+    assert "--cpus-per-task=" not in shown.split("srun")[0] and "'exec PYTHON -m labs train --preset" in shown
+
+
+def test_nccl_default_timeout_read_from_torch():
+    import datetime
+
+    import torch.distributed.constants
+
+    from labs.course import hangs
+
+    expected = torch.distributed.constants.default_pg_nccl_timeout or datetime.timedelta(minutes=10)
+    assert hangs.nccl_default_timeout() == expected
+
+
 # ---------------------------------------------------------------------------------------------- rendezvous
 def test_wait_for_endpoint_answers_or_times_out():
     with socket.socket() as server:
@@ -253,6 +277,14 @@ def test_bad_launcher_input_is_one_line_and_exit_2(tmp_path, args, message):
 
 
 # ---------------------------------------------------------------------------------------------- the model
+def test_reuse_model_for_the_network_models_regathered():
+    qwen = network_view.qwen_regathered("qwen2.5-7b", gpus_per_node=8)
+    counts = models.param_counts(models.shape("qwen2.5-7b"))
+    # every parameter fetched again for backward but the output head and the persistent ones (chapter 2: 1.93 Psi)
+    assert qwen["params"] == counts["total"] and round(qwen["gathered"] / qwen["params"], 2) == 1.93
+    assert 0 < qwen["params"] - qwen["regathered"] - counts["lm_head"] < 1e6
+
+
 def test_network_model_collectives():
     cluster = network.Cluster(gpus_per_node=8, nodes=4, intra_gbps=450, inter_gbps=400)
     zero3 = network.counted(network.collectives("ZeRO-3", 1000, cluster))
@@ -286,21 +318,26 @@ def test_groups_spanning_nodes_and_the_launcher_environment():
 
 
 # ---------------------------------------------------------------------------------------------- end to end
+STEPS = 5           # chapter 6's two-node and one-node runs
+
+
 @pytest.fixture(scope="module")
 def two_nodes(tmp_path_factory):
-    """2 emulated nodes x 1 rank (ZeRO-3, tiny, 3 steps), and the same run on 1 node x 2 ranks."""
+    """2 emulated nodes x 1 rank (ZeRO-3, tiny), and the same run on 1 node x 2 ranks: chapter 6's runs. 5 steps, so
+    that two losses follow an update with a nonzero learning rate (labs' warm-up gives the first two steps 0)."""
     from labs.course import multinode as emulation
 
     folder = tmp_path_factory.mktemp("multinode")
-    nodes = emulation.emulate(folder / "two", nnodes=2, nproc_per_node=1, steps=3,
+    nodes = emulation.emulate(folder / "two", nnodes=2, nproc_per_node=1, steps=STEPS,
                               instruments=("state_bytes", "comm", "rank_env"))
-    single = emulation.single_node(folder / "one", nproc=2, steps=3)
+    single = emulation.single_node(folder / "one", nproc=2, steps=STEPS)
     return nodes, single
 
 
 def test_two_nodes_train_like_one(two_nodes):
     nodes, single = two_nodes
-    assert nodes.run.losses == single.losses and len(single.losses) == 3
+    assert nodes.run.losses == single.losses and len(single.losses) == STEPS
+    assert stages.updated_steps(single) == [4, 5]          # two losses after a real update
     node1 = nodes.folders[1]
     assert node1.name == "two.node1" and (node1 / "launch.log").exists() and not (node1 / "summary.json").exists()
     assert "--node-rank=1" in (node1 / "command.txt").read_text()
@@ -320,6 +357,8 @@ def test_counted_bytes_across_nodes_match_the_model(two_nodes):
     counted = comm.per_step(nodes.run.metrics)
     params = nodes.run.summary["params"]
     # Default reuse distance: the tiny model keeps its gathered parameters for backward (regathered 0).
+    reuse = network_view.reuse_regathered(nodes.run.spec["dims"], resolve.zero_knobs(nodes.run.ds_config))
+    assert reuse["regathered"] == 0 and reuse["gathered"] == params
     model = network.counted(network.collectives("ZeRO-3", params, network.Cluster(1, 2, 1, 1), regathered=0))
     for kind in ("all_gather", "reduce_scatter"):
         assert counted[kind]["bytes_across_nodes"] == counted[kind]["bytes"] == model[kind]["bytes_across_nodes"]
@@ -336,7 +375,7 @@ def test_deepspeeds_launcher_without_ssh_trains_the_same(two_nodes, tmp_path):
         pytest.skip("DeepSpeed's launcher gives emulated nodes the same GPUs: checked on CPU machines")
 
     _, single = two_nodes
-    nodes = emulation.emulate(tmp_path / "ds", nnodes=2, nproc_per_node=1, steps=3, launcher="deepspeed",
+    nodes = emulation.emulate(tmp_path / "ds", nnodes=2, nproc_per_node=1, steps=STEPS, launcher="deepspeed",
                               instruments=("state_bytes", "rank_env"))
     assert "--no_ssh" in (tmp_path / "ds" / "command.txt").read_text() and nodes.run.losses == single.losses
     assert [(e["env"]["RANK"], e["env"]["CROSS_RANK"], e["env"]["LOCAL_SIZE"]) for e in nodes.run.summary["rank_env"]] \

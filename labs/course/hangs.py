@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import os
 import re
 import shutil
@@ -48,6 +49,20 @@ SETTINGS = (
 
 
 # ---------------------------------------------------------------------------------------------- host side
+def nccl_default_timeout() -> datetime.timedelta:
+    """PyTorch's default collective timeout for NCCL process groups: torch.distributed.constants'
+    default_pg_nccl_timeout, which a torch built with NCCL takes from the C++ constant kProcessGroupNCCLDefaultTimeout.
+    A CPU build leaves it None; the constant is still in the ProcessGroupNCCL.hpp header every torch wheel ships."""
+    import torch.distributed.constants as constants
+
+    if constants.default_pg_nccl_timeout is not None:
+        return constants.default_pg_nccl_timeout
+    header = Path(constants.__file__).parents[1] / "include/torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp"
+    found = re.search(r"kProcessGroupNCCLDefaultTimeout\s*=\s*std::chrono::milliseconds\(([\d\s*]+)\)",
+                      header.read_text())
+    return datetime.timedelta(milliseconds=math.prod(int(factor) for factor in found[1].split("*")))
+
+
 def probe(mode: str, timeout_s: float = 3.0, debug: str | None = None) -> list[dict]:
     """Run the 2-rank probe and return each rank's report (sorted by rank)."""
     with tempfile.TemporaryDirectory() as folder:

@@ -173,6 +173,19 @@ def shown(command: list[str]) -> str:
     return shlex.join(["python" if part == sys.executable else _relative(part) for part in command])
 
 
+def slurm_written(argv: list[str], folder) -> str:
+    """The batch script `labs train --slurm FOLDER/job.sbatch ARGV` writes: that command, run here. Two parts differ
+    per machine and are shown by name: PYTHON, the absolute path of the interpreter that ran the command, and
+    WORKDIR, the folder it ran in."""
+    path = Path(folder) / "job.sbatch"
+    done = subprocess.run([sys.executable, "-m", "labs", "train", "--slurm", str(path), *argv], capture_output=True,
+                          text=True, env=dict(os.environ, PYTHONPATH=importable_path(os.environ)), timeout=120)
+    if done.returncode != 0:
+        raise LabsError(f"labs train --slurm exited with code {done.returncode}: {done.stderr.strip()}")
+    text = path.read_text().replace(f"--chdir={Path.cwd()}\n", "--chdir=WORKDIR\n")
+    return text.replace(shlex.quote(sys.executable), "PYTHON").replace(sys.executable, "PYTHON")
+
+
 def _relative(text: str) -> str:
     """Paths as the course shows them: runs/... for the chapters' runs (wherever LABS_RUNS put them), the rest
     relative to the course folder."""
@@ -180,9 +193,10 @@ def _relative(text: str) -> str:
 
 
 def hpz_regather_config(folder) -> Path:
-    """zero3_hpz.json with every module releasing its parameters after use (stage3_max_reuse_distance and
-    stage3_max_live_parameters 0), as a large model does: backward then fetches again, from hpZ's secondary copy.
-    (The tiny model is small enough that DeepSpeed would otherwise keep everything gathered for backward.)"""
+    """zero3_hpz.json with every module releasing its parameters after use (stage3_max_reuse_distance 0), as a large
+    model does: backward then fetches again, from hpZ's secondary copy. (The tiny model is smaller than the default
+    distance, so DeepSpeed would otherwise keep everything gathered for backward.) stage3_max_live_parameters 0 turns
+    prefetching off: DeepSpeed does not release a parameter whose next use a prefetch already covers (chapter 2)."""
     changes = {"zero_optimization.stage3_max_reuse_distance": 0, "zero_optimization.stage3_max_live_parameters": 0}
     return config_lib.write(config_lib.variant(config_lib.load(CONFIGS / "zero3_hpz.json"), changes),
                             Path(folder) / "configs" / "zero3_hpz_regather.json")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
-from labs import models, network, resolve
+from labs import memory, models, network, resolve
 from labs.bench import results
 from labs.instruments import comm
 from labs.runfolder import Run
@@ -112,6 +112,25 @@ def regathered(run: Run) -> dict:
     embedding = dims["vocab_size"] * dims["hidden_size"] if dims.get("tie_word_embeddings") else 0
     return dict(params=sum(sizes), persistent=persistent, tied_embedding=embedding,
                 regathered=sum(sizes) - persistent + 2 * embedding)
+
+
+def reuse_regathered(dims: dict, knobs: dict) -> dict:
+    """Chapter 2's reuse model (labs.instruments.comm.zero3_gathered_elements: DeepSpeed releases a module's
+    parameters after it runs unless a module within stage3_max_reuse_distance elements uses them again) for one
+    step, prefetching left out: the elements a rank gathers, and how many of them it fetches again after their first
+    fetch, labs.network's `regathered`. `knobs`: a resolved config's (labs.resolve.zero_knobs)."""
+    params = models.param_counts(dims)["total"]
+    gathered = comm.zero3_gathered_elements(dims, knobs["stage3_max_reuse_distance"],
+                                            knobs["stage3_param_persistence_threshold"])
+    return dict(params=params, reuse_distance=knobs["stage3_max_reuse_distance"], gathered=gathered,
+                regathered=gathered - params)
+
+
+def qwen_regathered(preset="qwen2.5-7b", gpus_per_node=8) -> dict:
+    """reuse_regathered for `preset` with zero3.json resolved as a run would (bf16, `gpus_per_node` GPUs): DeepSpeed's
+    default reuse distance, the `auto` persistence threshold."""
+    knobs = memory.estimate(preset, stage=3, gpus_per_node=gpus_per_node).breakdown["knobs"]
+    return reuse_regathered(models.shape(preset), knobs)
 
 
 def byte_check(run: Run, scheme: str, nodes: int, gpus_per_node: int, regathered: float) -> list[dict]:

@@ -2,8 +2,9 @@
 read off the runs: the losses, the bytes each rank holds, the bytes each rank moves per step, and what
 DeepSpeed's buffer knobs cost.
 
-    runs = stages.run_stages(RUNS / "02_zero_stages", steps=20)     # {0: Run, 1: Run, 2: Run, 3: Run}
+    runs = stages.run_stages(RUNS / "02_zero_stages", steps=8)      # {0: Run, 1: Run, 2: Run, 3: Run}
     stages.loss_differences(runs)                                    # {1: 4.8e-06, 2: ..., 3: ...} vs stage 0
+    stages.updated_steps(runs[0])                                    # [4, 5, ...]: losses after a real update
     Table(stages.comm_rows(runs), ["stage", "volume_psi", "paper_psi"])
 """
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from labs import CONFIGS, launch, memory
+from labs import CONFIGS, launch, memory, models
 from labs import config as config_lib
 from labs.instruments import comm
 from labs.resolve import STAGE_FILES
@@ -36,12 +37,15 @@ def run_configs(out, files: dict, steps=8, precision=None, **launch_options) -> 
             for name, file in files.items()}
 
 
-def run_variants(out, variants: dict, steps=3, precision="fp32", **launch_options) -> dict:
+def run_variants(out, variants: dict, steps=3, precision="fp32", schedule_steps=None, **launch_options) -> dict:
     """variants: {name: (base file in ds_configs/, {dotted key: value})}. Each variant's config is written
-    to <out>/configs/<name>.json (so it can be read and rerun) and launched; returns {name: Run}."""
+    to <out>/configs/<name>.json (so it can be read and rerun) and launched; returns {name: Run}.
+    `schedule_steps`: the learning-rate schedule of a run of that many steps (its total_num_steps), so that a
+    shorter variant steps with the same rate as a longer run, step for step, and their losses can be compared."""
     runs = {}
+    schedule = {"scheduler.params.total_num_steps": schedule_steps} if schedule_steps else {}
     for name, (base, changes) in variants.items():
-        config = config_lib.variant(config_lib.load(CONFIGS / base), changes)
+        config = config_lib.variant(config_lib.load(CONFIGS / base), {**schedule, **changes})
         path = config_lib.write(config, Path(out) / "configs" / f"{name}.json")
         runs[name] = _launch(Path(out) / name, path, steps, precision, f"{name}", launch_options)
     return runs
@@ -75,6 +79,15 @@ def loss_differences(runs: dict, reference=None) -> dict:
             if name != reference}
 
 
+def updated_steps(run) -> list[int]:
+    """The steps whose logged loss follows at least one update with a nonzero learning rate. A step logs the loss of
+    its forward pass, before its own update; labs' warm-up gives the first steps a rate of 0 (DeepSpeed's
+    WarmupCosineLR: 0 before its first step, then warmup_min_ratio 0 at its first), so their updates change nothing
+    and the losses up to the first real update all come from the starting weights."""
+    first = next((r["step"] for r in run.metrics if r["lr"] > 0), None)
+    return [] if first is None else [r["step"] for r in run.metrics if r["step"] > first]
+
+
 # ---------------------------------------------------------------------------------------------- held bytes
 def state_rows(runs: dict) -> list[dict]:
     """Per stage, rank and category: bytes the rank's engine held (the state_bytes instrument, after the last
@@ -90,19 +103,56 @@ def state_rows(runs: dict) -> list[dict]:
     return rows
 
 
-def mismatches(runs: dict, rows: list[dict], tolerance=0.01, rank=0) -> list[str]:
-    """For each category whose measurement is off the prediction by more than `tolerance`, the tensors the
-    probe found there (its largest ones), so the gap can be read off by name."""
-    lines = []
+def mismatches(runs: dict, rows: list[dict], tolerance=0.01) -> list[str]:
+    """Every rank's categories against the prediction: how many rows are equal to the byte, the largest gap, and for
+    each category off by more than `tolerance`, the tensors the probe found there (its largest ones), so the gap can
+    be read off by name."""
+    lines, off = [], 0
     for row in rows:
-        if row["rank"] != rank or row["ratio"] is None or abs(row["ratio"] - 1) <= tolerance:
+        if row["ratio"] is None or abs(row["ratio"] - 1) <= tolerance:
             continue
-        state = next(r for r in runs.values() if r.summary["zero_stage"] == row["stage"]).summary["state_bytes"][rank]
-        lines.append(f"ZeRO-{row['stage']} {row['category']}: measured {row['measured_bytes']:,} bytes, "
-                     f"predicted {row['predicted_bytes']:,}; the largest tensors found there:")
+        off += 1
+        run = next(r for r in runs.values() if r.summary["zero_stage"] == row["stage"])
+        state = run.summary["state_bytes"][row["rank"]]
+        lines.append(f"ZeRO-{row['stage']} rank {row['rank']} {row['category']}: measured {row['measured_bytes']:,} "
+                     f"bytes, predicted {row['predicted_bytes']:,}; the largest tensors found there:")
         lines += [f"    {t['what']}: {t['bytes']:,} bytes ({t['dtype']})" for t in state["largest"]
                   if t["category"] == row["category"]]
-    return lines or [f"every category within {tolerance:.0%} of the prediction"]
+    exact = sum(r["measured_bytes"] == r["predicted_bytes"] for r in rows)
+    worst = max(rows, key=lambda r: abs(r["measured_bytes"] - r["predicted_bytes"]))
+    gap = worst["measured_bytes"] - worst["predicted_bytes"]
+    within = ("every row" if not off else f"{len(rows) - off} rows") + f" within {tolerance:.0%} of the prediction"
+    return [f"{len(rows)} rows (every stage, rank and category): {exact} equal to the byte, {within}; the largest "
+            f"gap {gap:+,} bytes (ZeRO-{worst['stage']} rank {worst['rank']} {worst['category']})"] + lines
+
+
+def gradient_moments(preset="qwen2.5-7b", gpus=8, stages=(1, 2), **options) -> list[dict]:
+    """labs.memory's moments of one step (labs.memory.peak) for each stage's lesson file: the gradient bytes a GPU
+    holds during the last decoder layer's backward, at the end of backward and at the optimizer step, that end's
+    total, and the step's peak moment. ZeRO-1 reduces once backward is over (DeepSpeed's engine.backward ends with it,
+    before the state_bytes instrument reads), so it holds every full gradient at the end of backward; ZeRO-2 reduces
+    bucket by bucket during backward and keeps only its partition."""
+    rows = []
+    for stage in stages:
+        est = memory.estimate(preset, stage=stage, gpus_per_node=gpus, **options)
+        moments = est.phases
+        rows.append(dict(stage=stage, layer_grads=moments["layer_backward"]["grads"],
+                         end_grads=moments["backward_end"]["grads"], step_grads=moments["optimizer_step"]["grads"],
+                         end_total=moments["backward_end"]["total"], peak_phase=est.peak_phase,
+                         peak_total=moments[est.peak_phase]["total"]))
+    return rows
+
+
+def optimizer_ratios(preset="tiny", gpus=2, precisions=("fp32", "bf16")) -> list[dict]:
+    """labs.memory's optimizer bytes per rank (fp32 master included) at ZeRO-0 and ZeRO-1, per precision."""
+    rows = []
+    for precision in precisions:
+        held = [memory.estimate(preset, stage=stage, gpus_per_node=gpus, precision=precision)
+                .resident_per_rank[0]["optimizer_bytes"] for stage in (0, 1)]
+        params = models.param_counts(models.shape(preset))["total"]
+        rows.append(dict(precision=precision, zero0_bytes=held[0], zero1_bytes=held[1], ratio=held[1] / held[0],
+                         zero0_per_param=held[0] / params, zero1_per_param=held[1] / params))
+    return rows
 
 
 # ---------------------------------------------------------------------------------------------- moved bytes
