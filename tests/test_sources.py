@@ -116,3 +116,23 @@ def test_verdict_counts_add_up():
         line = next(line for line in table.splitlines() if line.startswith(module.TUTORIAL))
         numbers = [int(n) for n in line.split()[-5:]]
         assert sum(numbers[:-1]) == numbers[-1] == len(module.CLAIMS)
+
+
+def _decides_false() -> dict:
+    return {"verdict": "false", "x": "1"}
+
+
+def test_a_verdict_decided_in_code_must_match_the_typed_one():
+    """A Computed source that returns a "verdict" decides it: the page stops on a claim that types another."""
+    decided = Computed(_decides_false, ("x",), See("01_memory_math", "Summary"))
+    assert sources.values(Claim("000", "1", "something", "false", "because {x}", "{x}", (decided,))) == {"x": "1"}
+    with pytest.raises(ValueError, match="decides 'false'"):
+        sources.values(Claim("000", "1", "something", "partly", "because {x}", "{x}", (decided,)))
+
+
+def test_stage_order_counts_a_tie_within_the_stated_tolerance():
+    from labs.course import source_reads
+    assert source_reads._change(100, 100 * (1 - source_reads.TIE / 2), "a fall").endswith(", a tie")
+    assert source_reads._change(100, 90, "a fall") == "-10.0%, a fall"
+    assert source_reads._change(100, 110, "a fall") == "+10.0%, a rise"
+    assert source_reads.stage_speed_order()["verdict"] in sources.VERDICTS

@@ -1,11 +1,13 @@
-"""The book's "from the sources" page: every checkable claim of the two tutorials the course takes its topics from,
-graded, each with the number that decides it and a link to the chapter section whose cell computes that number.
+"""The book's "from the sources" page: the checkable claims of the two tutorials the course takes its topics from
+(those a chapter computes or measures something for, not every sentence), graded, each with the number that decides
+it and a link to the chapter section whose cell computes that number.
 
 The numbers are never typed here. A claim names where they are printed (`Read`): a regex whose groups are the
 numbers, matched against the stored outputs of the cells under one section heading of a chapter. The link goes to
 that heading, so a reader who follows it lands on the cell that computed the number. `See` links a section
 without reading a number from it (for claims that no number decides, or that nothing here can check). The few
-claims no chapter computes are decided by a labs function run when the page is built (`Computed`).
+claims no chapter computes are decided by a labs function run when the page is built (`Computed`); a function that
+also returns a "verdict" decides the claim's verdict, and the page stops if the one typed in the claim differs.
 
     from labs.course import sources, source_claims
     sources.rows(source_claims.CLAIMS["000"])     # one dict per claim: id, claim, verdict, why, number, where
@@ -50,7 +52,8 @@ class Read(See):
 @dataclass(frozen=True)
 class Computed:
     """Numbers no chapter prints, computed by a labs function when the page is built: `function()` returns a dict
-    of strings, `names` are the keys used; `see` is the chapter section that treats the topic."""
+    of strings, `names` are the keys used; `see` is the chapter section that treats the topic. A function that
+    returns a "verdict" too decides the claim's: `values` refuses a claim whose typed verdict differs."""
     function: Callable[[], dict]
     names: tuple[str, ...]
     see: See
@@ -136,6 +139,9 @@ def values(claim: Claim) -> dict[str, str]:
             got.update(read(source))
         elif isinstance(source, Computed):
             result = source.function()
+            if "verdict" in result and result["verdict"] != claim.verdict:
+                raise ValueError(f"{claim.said!r}: the verdict is {claim.verdict!r}, but "
+                                 f"{source.function.__name__} decides {result['verdict']!r}")
             got.update({name: str(result[name]) for name in source.names})
     return got
 
