@@ -155,7 +155,9 @@ def _bench_args(sub):
 # What an interrupt leaves for the commands that launch no run (the others stop their ranks and say what they kept).
 STARTS_NOTHING = {None: "nothing was started", "env": "nothing was started or written",
                   "memory": "nothing was started or written",
-                  "export": "nothing was written (the model folder is written beside OUT_DIR and renamed when whole)"}
+                  "train --slurm": "the script was not written",
+                  "export": "nothing was written (the model folder is written beside OUT_DIR and takes its place only "
+                            "when whole; an earlier export there is kept until then)"}
 
 
 def main(argv=None) -> int:
@@ -173,7 +175,7 @@ def main(argv=None) -> int:
     try:
         argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
         args = parser.parse_args(argv)
-        command = args.command
+        command = "train --slurm" if args.command == "train" and args.slurm else args.command
         if args.command == "train" and args.resume is not None:
             args.typed = _typed(train_parser, argv)
         return _dispatch(args, argv)

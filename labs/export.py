@@ -109,6 +109,7 @@ def to_hf(run_dir, out_dir, dtype: str = "bf16", tokenizer: bool = True) -> Expo
     model.load_state_dict(state, strict=False, assign=True)
     model.tie_weights()
     work = out.with_name(f".{out.name}.partial-{os.getpid()}")
+    earlier = out.with_name(f".{out.name}.replaced-{os.getpid()}")
     shutil.rmtree(work, ignore_errors=True)
     try:
         with _quiet():
@@ -119,11 +120,14 @@ def to_hf(run_dir, out_dir, dtype: str = "bf16", tokenizer: bool = True) -> Expo
         (work / PROVENANCE).write_text(json.dumps(dict(
             run=str(run_folder.resolve()), checkpoint=str(path.resolve()), step=manifest["step"], dtype=dtype,
             weights_bytes=weights, exported=time.strftime("%Y-%m-%dT%H:%M:%S%z")), indent=1) + "\n")
-        if out.exists():
-            shutil.rmtree(out)
+        if out.exists():          # an earlier export (_check_out): set aside, not deleted, until the new one is in
+            out.rename(earlier)
         work.rename(out)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+        if earlier.exists() and not out.exists():      # stopped between the two renames: the earlier one goes back
+            earlier.rename(out)
+        shutil.rmtree(earlier, ignore_errors=True)     # the new export is in its place
     return Exported(out, path, manifest["step"], weights)
 
 

@@ -4,6 +4,7 @@ each resumed from the last complete checkpoint and reproducing the logged losses
 with the engine's logits; the universal copy's bytes per parameter at ZeRO-2 and ZeRO-3. Six launches serve
 every test here (module fixtures and one 1-rank run)."""
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -109,6 +110,28 @@ def test_export_reloads_in_transformers_with_the_engine_logits(zero3_killed, tmp
     assert provenance["step"] == 4 and provenance["dtype"] == "bf16"
 
 
+
+def test_an_export_stopped_as_it_takes_its_place_keeps_the_earlier_one(zero3_killed, tmp_path, monkeypatch):
+    """A second export into the same folder replaces the first only once it is whole: stopped (a Ctrl-C) just
+    before the new folder takes the old one's place, the earlier export is still there, untouched, and nothing
+    else is left beside it. The old code deleted the earlier export first."""
+    from labs import export
+
+    step = zero3_killed["resumed"].path / "checkpoints" / "step00000004"
+    export.to_hf(step, tmp_path / "hf", tokenizer=False)
+    written = (tmp_path / "hf" / export.PROVENANCE).read_text()
+    rename = Path.rename
+
+    def stopped_before_the_new_one_moves_in(self, target):
+        if self.name.startswith(".hf.partial-"):
+            raise KeyboardInterrupt
+        return rename(self, target)
+
+    monkeypatch.setattr(Path, "rename", stopped_before_the_new_one_moves_in)
+    with pytest.raises(KeyboardInterrupt):
+        export.to_hf(step, tmp_path / "hf", tokenizer=False)
+    assert (tmp_path / "hf" / export.PROVENANCE).read_text() == written
+    assert [p.name for p in tmp_path.iterdir()] == ["hf"]
 
 @pytest.mark.parametrize("stage", [2, 3])
 def test_the_universal_copy_holds_what_expected_bytes_per_param_says(stage, zero3_killed, tmp_path):
