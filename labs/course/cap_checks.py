@@ -5,6 +5,10 @@ out of GPU memory against labs.memory's prediction today.
     cap_checks.card_limit_gib()    # what a real H100 left PyTorch (run y3's out-of-memory message)
     cap_checks.over_card()         # plain-cap cases that reserved more than that, and whether a real card ran them
     cap_checks.failures()          # every out-of-memory case, its figures against labs.memory now
+    cap_checks.failure_counts()    # those counted: failures (a run's case) and configurations, and which still fit
+
+A case is one run's configuration; the same configuration (case, preset, GPUs) can appear in several runs, so each
+count says which it counts.
 """
 from __future__ import annotations
 
@@ -18,6 +22,16 @@ PLAIN_CAP = (gpu_report.RUNS["cap"], gpu_report.RUNS["cap_more"], gpu_report.RUN
              one_gpu_report.SWEEPS["y"], one_gpu_report.CAP_AFTER_FIX)
 # The runs on a real H100 80GB: y3 and y4 without a cap, y6 under labs.card_cap, y6b without
 REAL_CARD = (*one_gpu_report.REAL_CARD.values(), *one_gpu_report.ON_CARD.values())
+PLAIN_CAP_RUNS = {suffix.split("_")[0] for suffix in PLAIN_CAP}
+
+
+def configuration(row: dict) -> tuple[str, str, int]:
+    """What a row of over_card() or failures() ran, whichever run it was: (case, preset, GPUs)."""
+    return row["case"], row["preset"], row["gpus"]
+
+
+def configurations(rows: list[dict]) -> int:
+    return len({configuration(r) for r in rows})
 
 
 def card_limit_gib() -> float:
@@ -85,6 +99,41 @@ def failures() -> list[dict]:
             found.append(dict(run=results.run_label(stem), case=name, preset=result["preset"], gpus=gpus,
                               cap=result.get("gpu_memory"), device=result["host"]["gpus"][0],
                               allocated_gib=said["allocated"], requested_gib=said["requested"], needed_gib=needed,
-                              reserved_unused_gib=said.get("reserved_unused", 0.0), usable_gib=usable,
+                              reserved_unused_gib=said["reserved_unused"], usable_gib=usable,
                               predicted_gib=predicted, fits_now=predicted <= usable, held_over=needed > predicted))
     return found
+
+
+def where(failure: dict) -> str:
+    """The card a case of failures() ran on and the cap it ran under: none, the plain cap (runs h, i, l, y, y2) or
+    labs.card_cap's (the runs after them)."""
+    device = failure["device"]
+    place = "a real H100" if "H100" in device else "an H200" if "H200" in device else device
+    if not failure["cap"]:
+        return place
+    cap = "the plain" if failure["run"] in PLAIN_CAP_RUNS else "labs.card_cap's"
+    return f"{place} under {cap} {failure['cap']} cap"
+
+
+def places(found: list[dict]) -> str:
+    """Where the failures of one configuration ran, each place with its runs: "a real H100 (runs y3, y4), ..."."""
+    runs: dict[str, list[str]] = {}
+    for f in found:
+        runs.setdefault(where(f), []).append(f["run"])
+    parts = [f"{place} (run{'s' if len(r) > 1 else ''} {', '.join(r)})" for place, r in runs.items()]
+    return parts[0] if len(parts) == 1 else f"{', '.join(parts[:-1])} and {parts[-1]}"
+
+
+def failure_counts(found: list[dict] | None = None) -> dict:
+    """failures() counted: how many failures (one run's case each) and configurations ran out of memory, how many of
+    each labs.memory today puts over the memory usable where they ran, and the configurations it predicts to fit,
+    each with its failures ({configuration: [failure, ...]}, in the order of the runs)."""
+    found = failures() if found is None else found
+    fit = [f for f in found if f["fits_now"]]
+    over = [f for f in found if not f["fits_now"]]
+    fitting: dict[tuple, list[dict]] = {}
+    for f in fit:
+        fitting.setdefault(configuration(f), []).append(f)
+    return dict(failures=len(found), configurations=configurations(found), over_failures=len(over),
+                over_configurations=configurations(over), fit_failures=len(fit), fit_configurations=fitting,
+                runs=list(dict.fromkeys(f["run"] for f in found)))

@@ -63,20 +63,26 @@ def repeat_spread(run: str) -> dict[str, float]:
             if r["status"] == "ok" and r["case"] in first}
 
 
-# The figures of PyTorch's out-of-memory message, by what each says (each in GiB or MiB, read as GiB); "cap" appears
-# only under a memory fraction
-_SIZE = r"([\d.]+) ([GM]iB)"
+# The figures of PyTorch's out-of-memory message, by what each says; "cap" appears only under a memory fraction.
+# PyTorch writes each size with c10's format_size: "N bytes" up to 1 KiB, else two decimals in KiB, MiB or GiB
+_SIZE = r"([\d.]+) (\w+)"
+UNITS = dict(bytes=1, KiB=2**10, MiB=2**20, GiB=2**30)
 OOM_FIGURES = dict(capacity=rf"total capacity of {_SIZE}", in_use=rf"process has {_SIZE} memory in use",
                    allocated=rf"{_SIZE} is allocated by PyTorch", requested=rf"Tried to allocate {_SIZE}",
                    reserved_unused=rf"{_SIZE} is reserved by PyTorch but unallocated", cap=rf"{_SIZE} allowed")
+
+
+def _gib(number: str, unit: str) -> float:
+    if unit not in UNITS:       # a unit format_size does not write: fail rather than drop the figure
+        raise ValueError(f"out-of-memory message: unknown unit {unit!r} in {number} {unit}")
+    return float(number) * UNITS[unit] / memory.GiB
 
 
 def oom_figures(error: str) -> dict[str, float]:
     """Each figure of OOM_FIGURES that an out-of-memory message states, in GiB, and where it states the process's
     memory in use, PyTorch's allocated and its reserved-but-unused, what the process held outside PyTorch (the CUDA
     context)."""
-    said = {key: float(found.group(1)) / (1 if found.group(2) == "GiB" else 1024)
-            for key, pattern in OOM_FIGURES.items() if (found := re.search(pattern, error))}
+    said = {key: _gib(*found.groups()) for key, pattern in OOM_FIGURES.items() if (found := re.search(pattern, error))}
     if {"in_use", "allocated", "reserved_unused"} <= said.keys():
         said["outside_pytorch"] = said["in_use"] - said["allocated"] - said["reserved_unused"]
     return said
@@ -131,8 +137,9 @@ def cap_after_fix() -> list[dict]:
 
 def cap_bound() -> dict:
     """Run y2's stock ZeRO-2 (not among run y's candidates) against run y: even slowed by the compile it ran faster
-    than run y's stock best under the plain cap (two invocations). It does not fit a real 80 GB card (runs y3, y5,
-    y6), so it bounds nothing there: eighty_gb() has the figures for one 80 GB card."""
+    than run y's stock best under the plain cap (two invocations). It does not fit a real 80 GB card (runs y3 and y6
+    on real H100s ran out of memory, as did run y5 on an H200 under labs.card_cap's H100 cap), so it bounds nothing
+    there: eighty_gb() has the figures for one 80 GB card."""
     y2 = {r["case"]: r for r in cap_after_fix()}["stock-zero2-cknone-mb1-ga8"]
     labs, stock = gpu_report.best(SWEEPS["y"], "labs"), gpu_report.best(SWEEPS["y"], "stock")
     return dict(stock_zero2=y2["tokens_per_s"], stock_best_y=stock["tokens_per_s_per_gpu"],
@@ -153,9 +160,10 @@ def real_card() -> dict:
             failed.append(dict(case=r["case"], **said))
             continue
         y = capped.get(r["case"])
-        cases.append(dict(case=r["case"], h100=r["tokens_per_s_per_gpu"], repeat=again.get(r["case"], {}).get(
-            "tokens_per_s_per_gpu"), capped_h200=y and y["tokens_per_s_per_gpu"], peak_gib=r["peak_gib"],
-            capped_peak_gib=y and y["peak_gib"], over_capped=y and r["tokens_per_s_per_gpu"] / y["tokens_per_s_per_gpu"]))
+        speed = r["tokens_per_s_per_gpu"]
+        cases.append(dict(case=r["case"], h100=speed, repeat=again.get(r["case"], {}).get("tokens_per_s_per_gpu"),
+                          capped_h200=y and y["tokens_per_s_per_gpu"], peak_gib=r["peak_gib"],
+                          capped_peak_gib=y and y["peak_gib"], over_capped=y and speed / y["tokens_per_s_per_gpu"]))
     labs, stock = (gpu_report.best(REAL_CARD["sweep"], side) for side in ("labs", "stock"))
     return dict(cases=cases, failed=failed, labs=labs["case"], stock=stock["case"],
                 ratio=labs["tokens_per_s_per_gpu"] / stock["tokens_per_s_per_gpu"],
