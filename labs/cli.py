@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from labs import models, multinode, resolve
@@ -155,7 +156,7 @@ def _bench_args(sub):
 # What an interrupt leaves for the commands that launch no run (the others stop their ranks and say what they kept).
 STARTS_NOTHING = {None: "nothing was started", "env": "nothing was started or written",
                   "memory": "nothing was started or written",
-                  "train --slurm": "the script was not written",
+                  "train --slurm": "the script file is either as it was or whole",
                   "export": "nothing was written (the model folder is written beside OUT_DIR and takes its place only "
                             "when whole; an earlier export there is kept until then)"}
 
@@ -272,7 +273,13 @@ def _write_slurm(args, argv) -> int:
         raise LabsError("--slurm needs --nnodes (nodes to ask for) and --nproc (GPUs per node)")
     script = multinode.slurm_script(args.nnodes, args.nproc, multinode.slurm_train_args(argv[1:]),
                                     port=args.master_port, workdir=str(Path.cwd()))
-    Path(args.slurm).write_text(script)
+    target = Path(args.slurm)
+    partial = target.with_name(f".{target.name}.partial-{os.getpid()}")
+    try:                      # whole or not at all: an earlier script there stays as it was until this one is written
+        partial.write_text(script)
+        os.replace(partial, target)
+    finally:
+        partial.unlink(missing_ok=True)
     print(f"wrote {args.slurm}: submit it with `sbatch {args.slurm}`")
     return 0
 

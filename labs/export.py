@@ -23,6 +23,7 @@ import io
 import json
 import os
 import shutil
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,8 +110,8 @@ def to_hf(run_dir, out_dir, dtype: str = "bf16", tokenizer: bool = True) -> Expo
     model.load_state_dict(state, strict=False, assign=True)
     model.tie_weights()
     work = out.with_name(f".{out.name}.partial-{os.getpid()}")
-    earlier = out.with_name(f".{out.name}.replaced-{os.getpid()}")
     shutil.rmtree(work, ignore_errors=True)
+    earlier = None
     try:
         with _quiet():
             model.save_pretrained(work, safe_serialization=True, max_shard_size="5GB")
@@ -121,13 +122,15 @@ def to_hf(run_dir, out_dir, dtype: str = "bf16", tokenizer: bool = True) -> Expo
             run=str(run_folder.resolve()), checkpoint=str(path.resolve()), step=manifest["step"], dtype=dtype,
             weights_bytes=weights, exported=time.strftime("%Y-%m-%dT%H:%M:%S%z")), indent=1) + "\n")
         if out.exists():          # an earlier export (_check_out): set aside, not deleted, until the new one is in
-            out.rename(earlier)
+            earlier = Path(tempfile.mkdtemp(prefix=f".{out.name}.replaced-", dir=out.parent))
+            out.rename(earlier)   # onto the new empty folder: a name no other export uses
         work.rename(out)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-        if earlier.exists() and not out.exists():      # stopped between the two renames: the earlier one goes back
-            earlier.rename(out)
-        shutil.rmtree(earlier, ignore_errors=True)     # the new export is in its place
+        if earlier is not None:
+            if not out.exists():                       # stopped between the two renames: the earlier one goes back
+                earlier.rename(out)
+            shutil.rmtree(earlier, ignore_errors=True)  # the new export is in its place
     return Exported(out, path, manifest["step"], weights)
 
 

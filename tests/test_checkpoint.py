@@ -132,6 +132,10 @@ def test_an_export_stopped_as_it_takes_its_place_keeps_the_earlier_one(zero3_kil
         export.to_hf(step, tmp_path / "hf", tokenizer=False)
     assert (tmp_path / "hf" / export.PROVENANCE).read_text() == written
     assert [p.name for p in tmp_path.iterdir()] == ["hf"]
+    monkeypatch.undo()
+    export.to_hf(step, tmp_path / "hf", dtype="fp32", tokenizer=False)      # not stopped: the new one takes its place
+    assert json.loads((tmp_path / "hf" / export.PROVENANCE).read_text())["dtype"] == "fp32"
+    assert [p.name for p in tmp_path.iterdir()] == ["hf"]
 
 @pytest.mark.parametrize("stage", [2, 3])
 def test_the_universal_copy_holds_what_expected_bytes_per_param_says(stage, zero3_killed, tmp_path):

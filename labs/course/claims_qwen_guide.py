@@ -147,8 +147,8 @@ CLAIMS = [
           "ZeRO-3 changes where the states live, not the update. In fp32 on 2 CPU ranks, chapter 2's ZeRO-3 losses "
           "stayed within 1e-5 of ZeRO-0's at every step ({same}); in bf16, chapter 7's check, whether a run's "
           "losses stay within bf16 rounding of ZeRO-3's, gave {fsdp} for FSDP2's FULL_SHARD and {zero2} for "
-          "DeepSpeed's ZeRO-2. On H200 ZeRO-3's model started from slightly different weights (first loss {z3_first} "
-          "against ZeRO-1's {z1_first}), and measured from its own first loss it fell as far by step 7 as ZeRO-1 and "
+          "DeepSpeed's ZeRO-2. On H200 ZeRO-3's first loss differed ({z3_first} against ZeRO-1's {z1_first}: no cell "
+          "compares the weights, so the cause is not shown), and measured from its own first loss it fell as far by step 7 as ZeRO-1 and "
           "ZeRO-2 ({z1_fall}, {z2_fall} and {z3_fall} of FSDP2's fall); what separates those curves from FSDP2's "
           "follows whether the master weights start on the bf16 grid at a learning rate below bf16's resolution "
           "(chapter 7's probe), not the ZeRO stage.",
