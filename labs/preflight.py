@@ -169,9 +169,11 @@ def ranks_that_fit(on_gpu: bool) -> int:
 def check_hardware(nproc: int, on_gpu: bool, seq_len: int, dims: dict, estimate_kwargs: dict,
                    gpu_memory_bytes: int | None = None) -> None:
     """What is known before launching: ranks vs devices (one per GPU; on a CPU at most two per core: gloo ranks
-    beyond that only thrash), sequence vs positions, and labs.memory's peak against the
-    memory each rank has (a GPU, or this host's share for CPU ranks). Refused when the prediction is 25% over:
-    the model is within 10% on every recorded GPU run."""
+    beyond that only thrash), sequence vs positions, and labs.memory's prediction against the memory each rank has (on
+    a GPU the figure its fit weighs, `MemoryEstimate.fit_bytes_on` the card; on a CPU the peak plus this host's share).
+    Refused when the prediction is 25% over: the model is within 10% on every recorded GPU run. On a GPU host, also
+    the host memory of an offloaded optimizer, and of a ZeRO-1/2 start-up flatten DeepSpeed makes on the CPU because
+    the card is too small for it (labs.memory.fit)."""
     devices = ranks_that_fit(on_gpu)
     if nproc > devices:
         what = f"{devices} GPU(s)" if on_gpu else \
@@ -184,28 +186,29 @@ def check_hardware(nproc: int, on_gpu: bool, seq_len: int, dims: dict, estimate_
     estimate = memory.estimate(**estimate_kwargs, host_pinning=host_pinning(on_gpu))
     if on_gpu:
         have = gpu_memory_bytes or torch.cuda.get_device_properties(0).total_memory
-        # a ZeRO-1/2 start-up flatten with no room on the card is made on the CPU (labs.memory's fit_bytes)
-        need, where = estimate.fit_bytes, "per GPU"
+        need, what = gpu_need(estimate, have)
     else:
         have = host_memory_bytes() / nproc
-        need, where = estimate.total_per_gpu_bytes + estimate.host_per_node_bytes / nproc, "per CPU rank"
+        need = estimate.total_per_gpu_bytes + estimate.host_per_node_bytes / nproc
+        what = f"a peak of {need / 2**30:,.1f} GiB per CPU rank"
     if need > 1.25 * have:
-        raise LabsError(f"labs.memory predicts a peak of {need / 2**30:,.1f} GiB {where}, far above the "
+        raise LabsError(f"labs.memory predicts {what}, far above the "
                         f"{have / 2**30:,.1f} GiB there is; see `labs memory ... --gpu-memory` for what fits "
                         "(or pass --no-memory-check)")
     if on_gpu and need > memory.usable_bytes(have) - GPU_MARGIN and \
             "expandable_segments:True" not in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""):
-        print(f"labs: note: labs.memory predicts a peak of {need / 2**30:,.1f} GiB per GPU, within "
+        print(f"labs: note: labs.memory predicts {what}, within "
               f"{GPU_MARGIN / 2**30:.0f} GiB of the {memory.usable_bytes(have) / 2**30:,.1f} GiB PyTorch can use here; "
               "it counts allocated memory, and PyTorch's cache can hold GiBs more reserved but unallocated: if the run "
               "stops out of GPU memory saying so, set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
               file=sys.stderr, flush=True)
     # An offloaded optimizer's host memory, on a GPU host: the kernel's OOM killer ends a rank that runs out of it at
-    # the first optimizer step, minutes in. The model is 2% under the one GPU record (results/gpu/zenflow_1xh200/off20b),
-    # so more than the host's memory is refused outright.
+    # the first optimizer step, minutes in. The model is 2% under the one GPU record
+    # (results/gpu/zenflow_1xh200/off20b), so more than the host's memory is refused outright.
     if not on_gpu:
         return
     host_bytes = host_memory_bytes()
+    check_start_up_host(estimate, have, host_bytes, nproc)
     if estimate.host_per_node_bytes > host_bytes:
         raise LabsError(f"labs.memory predicts {estimate.host_per_node_bytes / 2**30:,.1f} GiB of host memory for the "
                         f"offloaded optimizer of {nproc} rank(s), above the {host_bytes / 2**30:,.1f} GiB "
@@ -216,6 +219,28 @@ def check_hardware(nproc: int, on_gpu: bool, seq_len: int, dims: dict, estimate_
               f"the offloaded optimizer, within {HOST_MARGIN:.0%} of the {host_bytes / 2**30:,.1f} GiB this host has; "
               "recorded runs held a few GiB more than predicted and the system needs its share: watch the host "
               "(tools/host_memory.sh) in the first steps", file=sys.stderr, flush=True)
+
+
+def gpu_need(estimate, card_bytes) -> tuple[int, str]:
+    """The bytes a GPU must hold (the figure the fit weighs on this card) and how check_hardware names them."""
+    phase, need = estimate.fit_phase_on(card_bytes), estimate.fit_bytes_on(card_bytes)
+    if phase == estimate.peak_phase:
+        return need, f"a peak of {need / 2**30:,.1f} GiB per GPU"
+    peak = estimate.total_per_gpu_bytes / 2**30
+    return need, (f"{need / 2**30:,.1f} GiB per GPU at {phase} (the peak, its {peak:,.1f} GiB start-up flatten, is "
+                  "made on the CPU on this card)")
+
+
+def check_start_up_host(estimate, card_bytes, host_bytes, nproc: int) -> None:
+    """Refuse when ZeRO-1/2's start-up flatten, too large for the card, is made on the CPU (labs.memory.fit) and
+    its ranks would hold more host memory at once than this host has: each holds its weights twice there."""
+    need = estimate.start_up_host_per_node_bytes_on(card_bytes)
+    if need > host_bytes:
+        raise LabsError(f"labs.memory predicts {need / 2**30:,.1f} GiB of host memory at start-up for {nproc} rank(s), "
+                        f"above the {host_bytes / 2**30:,.1f} GiB this host has: ZeRO-{estimate.inputs['stage']}'s "
+                        f"start-up flatten ({estimate.phases['init']['total'] / 2**30:,.1f} GiB per rank) is larger "
+                        f"than the card's {card_bytes / 2**30:,.1f} GiB, so DeepSpeed makes it on the CPU, each rank "
+                        "holding its weights twice: use ZeRO-3, fewer ranks per host, or pass --no-memory-check")
 
 
 # Within this much of the card's usable memory (labs.memory.usable_bytes), a GPU run gets a note: on one H100 (74.7 GiB

@@ -27,6 +27,29 @@ def test_calculator_first_drawing_is_the_plain_chart():
     assert not plain["fits"] and "cheapest change" in plain["verdict"]    # the static page shows advice
 
 
+def test_the_calculator_shows_the_peak_and_what_the_fit_weighs():
+    """Where the peak is a start-up flatten larger than the whole card, DeepSpeed makes it on the CPU: the bar still
+    shows the peak, a dotted line marks the moment the fit weighs, and the verdict is MemoryEstimate.fits's. Within the
+    card's total (the 3B in fp32 on an RTX 4090) the flatten counts against usable memory like every moment."""
+    card = memory.gpu_bytes("RTX4090")
+    setting = dict(stage=2, checkpointing="full", loss="liger", micro_batch=1, seq_len=4096, gpu="RTX4090")
+    _, data = widgets.memory_bar(gpus=64, **setting)
+    est = memory.estimate("qwen2.5-7b", stage=2, gpus_per_node=64, precision=widgets.DEFAULTS["precision"],
+                          activation_checkpointing="full", loss="liger", micro_batch=1, seq_len=4096)
+    assert data["peak_phase"] == "init" and data["fit_phase"] == est.fit_phase_on(card) != "init"
+    assert data["fits"] is est.fits(card) is True and data["total_gib"] > data["usable_gib"] > data["fit_gib"]
+    assert (round(data["fit_gib"], 3), ":") in data["drawn"]["lines"]
+    title = data["drawn"]["title"].replace("\n", " ")
+    assert f"FITS: {data['fit_gib']:.1f} GiB at {data['fit_phase']} of {data['usable_gib']:.1f} GiB usable" in title
+    assert f"peak {data['total_gib']:.1f} GiB at init" in title and "made on the CPU on this card" in title
+    _, band = widgets.memory_bar(preset="qwen2.5-3b", gpus=8, precision="fp32", **setting)
+    assert band["peak_phase"] == band["fit_phase"] == "init" and not band["fits"]
+    assert band["usable_gib"] < band["total_gib"] <= band["gpu_gib"] and len(band["drawn"]["lines"]) == 2
+    assert f"DOES NOT FIT: peak {band['total_gib']:.1f} GiB of" in band["drawn"]["title"]
+    _, plain = widgets.memory_bar()           # the default: its peak is what the fit weighs, no extra mark
+    assert plain["fit_gib"] == plain["total_gib"] and len(plain["drawn"]["lines"]) == 2
+
+
 def test_calculator_offers_only_the_offloads_deepspeed_accepts():
     calc = widgets.calculator()
     offload = calc.controls["offload"]

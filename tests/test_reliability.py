@@ -116,9 +116,10 @@ def test_an_offloaded_7b_on_a_gpu_host_without_the_host_memory(monkeypatch, caps
         check("qwen2.5-7b", 2, "full")
 
 
-def test_a_start_up_flatten_without_room_on_the_card_is_not_refused(monkeypatch, capsys):
-    """ZeRO-2 with the optimizer offloaded: the 7B's start-up flatten (28.4 GiB, its peak where the card has room)
-    is made on the CPU on a 20 GiB card, so labs weighs the largest training moment: no refusal, a note."""
+def test_a_start_up_flatten_larger_than_the_card_is_not_refused(monkeypatch, capsys):
+    """ZeRO-2 with the optimizer offloaded: the 7B's start-up flatten (28.4 GiB, its peak on a larger card) is more
+    than a 20 GiB card holds in all, so DeepSpeed makes it on the CPU and labs weighs the largest training moment: no
+    refusal, a note that says which moment it weighs."""
     from labs import memory, models, preflight
 
     monkeypatch.setattr(preflight, "ranks_that_fit", lambda on_gpu: 1)
@@ -129,10 +130,40 @@ def test_a_start_up_flatten_without_room_on_the_card_is_not_refused(monkeypatch,
                    activation_checkpointing="full", ds_config=json.loads(
                        (ROOT / "ds_configs/bench/labs_zero2_offload.json").read_text()))
     est = memory.estimate(**setting)
-    assert est.peak_phase == "init" and est.total_per_gpu_bytes > 1.25 * card > est.fit_bytes   # refused before
+    fit = est.fit_bytes_on(card)
+    assert est.peak_phase == "init" and est.total_per_gpu_bytes > 1.25 * card > fit      # refused on the peak
     preflight.check_hardware(1, True, 4096, dims, setting, card)
     note = capsys.readouterr().err                                  # near the card: a note, on the largest moment
-    assert f"predicts a peak of {est.fit_bytes / 2**30:,.1f} GiB per GPU" in note
+    assert f"predicts {fit / 2**30:,.1f} GiB per GPU at {est.fit_phase_on(card)} (the peak, its " \
+           f"{est.total_per_gpu_bytes / 2**30:,.1f} GiB start-up flatten, is made on the CPU on this card)" in note
+
+
+def test_a_start_up_flatten_on_the_cpu_without_the_host_memory(monkeypatch, capsys):
+    """Where the flatten falls back to the CPU, each rank holds its bf16 weights twice on the host at once (its
+    parameters' cpu_data and the CPU flat buffer): 8 ranks of the 7B on RTX 4090s need 227 GiB while they start.
+    A host with less is refused in one line; one with more starts."""
+    from labs import memory, models, preflight
+
+    monkeypatch.setattr(preflight, "ranks_that_fit", lambda on_gpu: 8)
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")      # no allocator note
+    dims, card = models.shape("qwen2.5-7b"), memory.gpu_bytes("RTX4090")
+    setting = dict(dims=dims, gpus_per_node=8, nodes=8, stage=2, seq_len=4096, loss="liger", kernels="liger",
+                   activation_checkpointing="full")
+    est = memory.estimate(**setting, host_pinning="torch")
+    need = est.start_up_host_per_node_bytes_on(card)
+    assert est.fits(card) and need == 8 * est.phases["init"]["total"] and est.host_per_node_bytes == 0
+    monkeypatch.setattr(preflight, "host_memory_bytes", lambda: 200 * 2**30)
+    with pytest.raises(LabsError) as refused:
+        preflight.check_hardware(8, True, 4096, dims, setting, card)
+    assert str(refused.value).startswith(f"labs.memory predicts {need / 2**30:,.1f} GiB of host memory at start-up "
+                                         "for 8 rank(s), above the 200.0 GiB this host has")
+    assert "\n" not in str(refused.value) and "use ZeRO-3" in str(refused.value)
+    monkeypatch.setattr(preflight, "host_memory_bytes", lambda: 250 * 2**30)
+    preflight.check_hardware(8, True, 4096, dims, setting, card)
+    assert capsys.readouterr().err == ""
+    # a card that holds the copy flattens on the GPU: no start-up host need, however small the host
+    monkeypatch.setattr(preflight, "host_memory_bytes", lambda: 16 * 2**30)
+    preflight.check_hardware(8, True, 4096, dims, setting, memory.gpu_bytes("A100-40GB"))
 
 
 def test_a_gpu_run_within_2_gib_of_the_card_gets_a_note_on_the_allocator(monkeypatch, capsys):

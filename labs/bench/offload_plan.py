@@ -50,8 +50,10 @@ def setup_config(config_name: str, ratio: float | None = None) -> dict:
 
 def fewest_checkpointed(preset: str, ds_config: dict, card, micro_batch: int, grad_accum: int, gpus: int = 1,
                         seq_len: int = SEQ_LEN, host_pinning: str = "torch") -> dict | None:
-    """The run that fits `card` (a name or a size) with the fewest checkpointed layers, other settings as given
-    (Liger's kernels and loss, labs' fast path); None if even every layer checkpointed does not fit."""
+    """The run that fits `card` (a name or a size; `MemoryEstimate.fits`) with the fewest checkpointed layers, other
+    settings as given (Liger's kernels and loss, labs' fast path); None if even every layer checkpointed does not fit.
+    `gpu_gib` is its peak, `fit_gib` what the fit weighs (the peak but for a start-up flatten DeepSpeed makes on the
+    CPU on a card too small for it, whose host memory per node is `start_up_host_gib`)."""
     found = memory.fewest_checkpointed(card, preset=preset, ds_config=ds_config, gpus_per_node=gpus,
                                        micro_batch=micro_batch, grad_accum=grad_accum, seq_len=seq_len, loss="liger",
                                        kernels="liger", host_pinning=host_pinning)
@@ -59,8 +61,9 @@ def fewest_checkpointed(preset: str, ds_config: dict, card, micro_batch: int, gr
         return None
     checkpointed, estimate = found
     return dict(checkpointed=checkpointed, layers=models.shape(preset)["num_hidden_layers"],
-                gpu_gib=estimate.total_per_gpu_bytes / GiB, usable_gib=memory.usable_bytes(card) / GiB,
-                host_gib=estimate.host_per_node_bytes / GiB)
+                gpu_gib=estimate.total_per_gpu_bytes / GiB, fit_gib=estimate.fit_bytes_on(card) / GiB,
+                usable_gib=memory.usable_bytes(card) / GiB, host_gib=estimate.host_per_node_bytes / GiB,
+                start_up_host_gib=estimate.start_up_host_per_node_bytes_on(card) / GiB)
 
 
 def rows(preset: str = "qwen2.5-7b", cards=CARDS, gpus: int = 1, batch_per_gpu: int = 8,

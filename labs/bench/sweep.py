@@ -7,7 +7,8 @@ tokens per optimizer step, measured in one invocation.
 
 A candidate fixes the batch: micro-batch x accumulation = `batch_per_gpu` sequences per GPU per optimizer step, so
 every candidate does the same work per step; only how it is cut (and which levers) differ. The memory model prunes
-what cannot fit (it is within 10% of every recorded peak, so a margin of 5% is kept); the planner's cost model
+what cannot fit (`MemoryEstimate.fits`: it is within 10% of every recorded peak, and the card's usable memory keeps
+1 GiB + 5% free); the planner's cost model
 (labs.bench.planner) orders the rest; the sweep measures the best few of each side.
 """
 from __future__ import annotations
@@ -17,7 +18,6 @@ from labs import memory, models
 from labs.bench import cases
 
 ENGINES = {"stock": ("zero2", "zero3", "fsdp2"), "labs": ("zero2", "zero3", "fsdp2")}
-MARGIN = 1.0           # usable memory already keeps 1 GiB + 5% of the card free (labs.memory.usable_bytes)
 
 
 def candidates(side: str, batch_per_gpu: int, layers: int, engines=None, checkpointing=None) -> list[str]:
@@ -35,25 +35,30 @@ def candidates(side: str, batch_per_gpu: int, layers: int, engines=None, checkpo
     return names
 
 
-def predicted_peak_bytes(name: str, preset: str, gpus: int, seq_len: int | None = None) -> int:
-    """labs.memory's peak per GPU for a case, with the case's own config, loss, kernels and checkpointing."""
+def predicted_estimate(name: str, preset: str, gpus: int, seq_len: int | None = None) -> memory.MemoryEstimate:
+    """labs.memory's estimate for a case, with the case's own config, loss, kernels and checkpointing."""
     options = cases.case_options(name, preset, steps=1, seq_len=seq_len, micro_batch=None, on_gpu=True)
-    estimate = memory.estimate(preset, gpus_per_node=gpus, seq_len=seq_len, micro_batch=options.get("micro_batch"),
-                               grad_accum=options.get("grad_accum"),
-                               activation_checkpointing=options["activation_checkpointing"], loss=options["loss"],
-                               kernels=options["kernels"], engine=options.get("engine", "deepspeed"),
-                               ds_config=config_lib.load(options["config"]))
-    return estimate.total_per_gpu_bytes
+    return memory.estimate(preset, gpus_per_node=gpus, seq_len=seq_len, micro_batch=options.get("micro_batch"),
+                           grad_accum=options.get("grad_accum"),
+                           activation_checkpointing=options["activation_checkpointing"], loss=options["loss"],
+                           kernels=options["kernels"], engine=options.get("engine", "deepspeed"),
+                           ds_config=config_lib.load(options["config"]))
+
+
+def predicted_peak_bytes(name: str, preset: str, gpus: int, seq_len: int | None = None) -> int:
+    """labs.memory's peak per GPU for a case (predicted_estimate's)."""
+    return predicted_estimate(name, preset, gpus, seq_len).total_per_gpu_bytes
 
 
 def fitting(names: list[str], preset: str, gpus: int, gpu_memory, seq_len: int | None = None) -> list[tuple[str, int]]:
-    """The candidates whose predicted peak fits `gpu_memory` (a size or a GPU name), with that peak."""
-    usable = memory.usable_bytes(memory.parse_bytes(gpu_memory)) * MARGIN
+    """The candidates labs.memory says fit `gpu_memory` (a size or a GPU name: `MemoryEstimate.fits`), each with its
+    predicted peak."""
+    card = memory.parse_bytes(gpu_memory)
     fit = []
     for name in names:
-        peak = predicted_peak_bytes(name, preset, gpus, seq_len)
-        if peak <= usable:
-            fit.append((name, peak))
+        estimate = predicted_estimate(name, preset, gpus, seq_len)
+        if estimate.fits(card):
+            fit.append((name, estimate.total_per_gpu_bytes))
     return fit
 
 

@@ -27,26 +27,32 @@ def found(folder: Path) -> dict:
     return json.loads((folder / "autotune.json").read_text())
 
 
-def predicted_peak_gib(folder: Path, experiment: str, micro_batch: int, grad_accum: int) -> float:
-    """labs.memory's peak per GPU for the config the autotuner ran as `experiment` (its options, shape and
-    sequence), at this micro-batch and accumulation."""
+def predicted_estimate(folder: Path, experiment: str, micro_batch: int, grad_accum: int) -> memory.MemoryEstimate:
+    """labs.memory's estimate for the config the autotuner ran as `experiment` (its options, shape and sequence), at
+    this micro-batch and accumulation."""
     run = found(folder)
     config = json.loads((folder / "results" / experiment / "ds_config.json").read_text())
     options = run["options"]
     return memory.estimate(run["preset"], gpus_per_node=run["gpus"], seq_len=run["seq_len"], micro_batch=micro_batch,
                            grad_accum=grad_accum, activation_checkpointing=options["activation_checkpointing"],
-                           loss=options["loss"], kernels=options["kernels"], ds_config=config).total_per_gpu_bytes / 2**30
+                           loss=options["loss"], kernels=options["kernels"], ds_config=config)
+
+
+def predicted_peak_gib(folder: Path, experiment: str, micro_batch: int, grad_accum: int) -> float:
+    """labs.memory's peak per GPU for that config (predicted_estimate's)."""
+    return predicted_estimate(folder, experiment, micro_batch, grad_accum).total_per_gpu_bytes / 2**30
 
 
 def experiments(folder: Path) -> list[dict]:
     """The autotuner's candidates, read again from its results folder with today's labs.bench.autotune (the stored
-    autotune.json is what the host wrote), each with labs.memory's peak for the config the autotuner really ran."""
+    autotune.json is what the host wrote), each with labs.memory's peak for the config the autotuner really ran and
+    whether it says that config fits the card (`MemoryEstimate.fits`)."""
     spec = json.loads(next((folder / "results").glob("*/labs_run/run.json")).read_text())
-    usable_gib = memory.usable_bytes(memory.parse_bytes(GPU_MEMORY)) / 2**30
     rows = []
     for row in autotune.collect(folder / "results", spec)["experiments"]:
-        predicted = predicted_peak_gib(folder, row["name"], row["micro_batch"], row["grad_accum"])
-        rows.append(dict(row, predicted_gib=predicted, memory_says_fits=predicted <= usable_gib,
+        predicted = predicted_estimate(folder, row["name"], row["micro_batch"], row["grad_accum"])
+        rows.append(dict(row, predicted_gib=predicted.total_per_gpu_bytes / 2**30,
+                         memory_says_fits=predicted.fits(memory.parse_bytes(GPU_MEMORY)),
                          outcome="out of memory" if "OutOfMemoryError" in row.get("error", "") else
                          ("stopped" if "error" in row else "ran")))
     return rows

@@ -93,14 +93,15 @@ def failures() -> list[dict]:
             budget = (memory.parse_bytes(result["gpu_memory"]) if result.get("gpu_memory")
                       else said["capacity"] * memory.GiB)
             gpus = int(case["options"].get("nproc") or _world(result))
-            predicted = sweep.predicted_peak_bytes(name, result["preset"], gpus) / memory.GiB
+            estimate = sweep.predicted_estimate(name, result["preset"], gpus)
+            predicted = estimate.total_per_gpu_bytes / memory.GiB
             usable = memory.usable_bytes(budget) / memory.GiB
             needed = said["allocated"] + said["requested"]
             found.append(dict(run=results.run_label(stem), case=name, preset=result["preset"], gpus=gpus,
                               cap=result.get("gpu_memory"), device=result["host"]["gpus"][0],
                               allocated_gib=said["allocated"], requested_gib=said["requested"], needed_gib=needed,
                               reserved_unused_gib=said["reserved_unused"], usable_gib=usable,
-                              predicted_gib=predicted, fits_now=predicted <= usable, held_over=needed > predicted))
+                              predicted_gib=predicted, fits_now=estimate.fits(budget), held_over=needed > predicted))
     return found
 
 

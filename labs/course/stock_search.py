@@ -121,7 +121,7 @@ def grid() -> tuple[dict, ...]:
             for share in (i / 100 for i in range(101)):
                 p = predict(micro_batch, grad_accum, checkpointing, share, sub_group)
                 gpu, host_need = p.total_per_gpu_bytes / 2**30, p.host_per_node_bytes / 2**30
-                if gpu <= usable and host_need <= host:
+                if p.fits("H100") and host_need <= host:
                     fits.append(dict(offloaded=share, sub_group_size=sub_group, gpu_gib=gpu, host_gib=host_need,
                                      offloaded_params=offloaded_params(share, sub_group)))
                     break

@@ -51,8 +51,11 @@ def bar_data(**values) -> dict:
                           loss=v["loss"])
     advice = memory.advise(v["gpu"], **est.inputs)
     peak = est.phases[est.peak_phase]
+    card = advice.gpu_memory_bytes
     return dict(setting=v, parts_gib={key: peak[key] / memory.GiB for key, _, _ in PARTS},
                 total_gib=est.total_per_gpu_bytes / memory.GiB,
+                fit_gib=est.fit_bytes_on(card) / memory.GiB, fit_phase=est.fit_phase_on(card),
+                start_up_host_gib=est.start_up_host_per_node_bytes_on(card) / memory.GiB,
                 paper_gib=est.paper_model_states_per_gpu_bytes / memory.GiB,
                 deepspeed_gib=est.model_states_per_gpu_bytes / memory.GiB,
                 host_gib=est.host_per_node_bytes / memory.GiB, peak_phase=est.peak_phase,
@@ -70,16 +73,23 @@ def memory_bar(ax=None, **values):
         ax.barh(1, width, left=left, color=color, label=f"{label} {width:.1f}")
         left += width
     ax.barh(0, data["paper_gib"], color="#999999", label=f"paper: model states only {data['paper_gib']:.1f}")
+    s, verdict = data["setting"], "FITS" if data["fits"] else "DOES NOT FIT"
+    verdict_line = f"{verdict}: peak {data['total_gib']:.1f} GiB of {data['usable_gib']:.1f} GiB usable on {s['gpu']}"
+    if data["fit_phase"] != data["peak_phase"]:     # the start-up flatten, the peak, is made on the CPU on this card
+        ax.plot([data["fit_gib"]] * 2, [0.55, 1.45], color="black", ls=":", lw=1.5,
+                label=f"what the fit weighs ({data['fit_phase']}) {data['fit_gib']:.1f}")
+        verdict_line = (f"{verdict}: {data['fit_gib']:.1f} GiB at {data['fit_phase']} of {data['usable_gib']:.1f} GiB "
+                   f"usable on {s['gpu']}; peak {data['total_gib']:.1f} GiB at {data['peak_phase']}, the start-up "
+                   f"flatten,\nmade on the CPU on this card ({data['start_up_host_gib']:.0f} GiB of host memory per "
+                   f"node of {s['gpus']} GPUs while the ranks start)")
     ax.axvline(data["gpu_gib"], color="black", lw=1.5)
     ax.axvline(data["usable_gib"], color="black", ls="--", lw=1)
     ax.text(data["gpu_gib"], 1.45, f" {data['setting']['gpu']}", va="center", fontsize=8)
-    s = data["setting"]
     ax.set(yticks=[0, 1], yticklabels=["paper", f"peak ({data['peak_phase']})"], xlabel="GiB per GPU",
            xlim=(0, max(data["total_gib"], data["gpu_gib"]) * 1.15), ylim=(-0.6, 1.7),
            title=f"{s['preset']}, ZeRO-{s['stage']}, {s['gpus']} GPUs, offload {s['offload']}, {s['precision']}, "
                  f"{s['micro_batch']} x {s['seq_len']} tokens, checkpointing {s['checkpointing']}, loss {s['loss']}\n"
-                 f"{'FITS' if data['fits'] else 'DOES NOT FIT'}: peak {data['total_gib']:.1f} GiB of "
-                 f"{data['usable_gib']:.1f} GiB usable on {s['gpu']}")
+                 f"{verdict_line}")
     ax.title.set_fontsize(8)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="GiB")
     return ax, dict(data, drawn=drawing(ax))

@@ -10,7 +10,7 @@
 """
 from __future__ import annotations
 
-from decimal import Decimal
+from decimal import ROUND_HALF_UP, Decimal
 
 OPTIMIZERS = {"adamw": 8, "adam": 8, "adamw8bit": 2, "adafactor": None, "lion": 4, "sgd": 4}  # state bytes/param
 
@@ -44,15 +44,15 @@ def paper_model_states_bytes(params, stage: int, world: int, k: float = 12, para
 
 def paper_table1_rows() -> list[dict]:
     """Table 1's 7.5B columns, by N_d: `paper_model_states_bytes` in GB beside the paper's printed value ("... paper"),
-    and whether ours is within half a unit of its last printed digit ("... agrees": the paper rounds these half up)."""
+    and whether ours, rounded as the paper prints it (half up, to its last printed digit), is that value
+    ("... agrees")."""
     rows = []
     for i, nd in enumerate(PAPER_TABLE1_ND):
         row = dict(N_d=nd, baseline=paper_model_states_bytes(7.5e9, 0, nd) / 1e9)
         for stage, name in ((1, "P_os"), (2, "P_os+g"), (3, "P_os+g+p")):
             ours, printed = paper_model_states_bytes(7.5e9, stage, nd) / 1e9, PAPER_TABLE1[7.5e9][stage][i]
-            half_unit = Decimal(1).scaleb(Decimal(printed).as_tuple().exponent) / 2
-            row.update({name: ours, f"{name} paper": printed,
-                        f"{name} agrees": abs(Decimal(repr(ours)) - Decimal(printed)) <= half_unit})
+            rounded = Decimal(repr(ours)).quantize(Decimal(printed), rounding=ROUND_HALF_UP)
+            row.update({name: ours, f"{name} paper": printed, f"{name} agrees": rounded == Decimal(printed)})
         rows.append(row)
     return rows
 

@@ -10,16 +10,18 @@ measures real costs, and `labs memory --plan` ranks GPU-resident setups by a ste
 - loss 'chunked': the head's logits are computed twice: 1 + 2 vocab h / FLOPs per token (~3% at 7B);
   'liger': counted as free (it is often faster), but needs a GPU.
 - optimizer offload: the Adam step runs on the CPU and grads cross PCIe: 1.5x. Parameter offload: 2x more.
-Among options of the same cost, the one that changes fewest settings wins, then the lower peak: a tie never adds
-a change that is not needed.
-Every verdict weighs an estimate's `fit_bytes`: its peak, except ZeRO-1/2's start-up flatten, which DeepSpeed makes on
-the CPU when the card has no room for it (labs.memory.estimate).
+Among options of the same cost, the one that changes fewest settings wins, then the lower figure the fit weighs: a
+tie never adds a change that is not needed.
+Every verdict weighs an estimate's `fit_bytes_on` the card (labs.memory.fit): its peak, except ZeRO-1/2's start-up
+flatten where it exceeds the card's total memory, which DeepSpeed then makes on the CPU; the verdict then says how much
+host memory that start-up needs.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from labs import models
+from labs.memory import fit
 from labs.memory.estimate import MemoryEstimate, estimate
 from labs.memory.units import GiB, parse_bytes, usable_bytes
 
@@ -40,34 +42,42 @@ class Advice:
 
     def __str__(self) -> str:
         used, usable = self._held(self.current), self.usable_bytes / GiB
-        if self._on_cpu(self.current):
-            used += (f" (its start-up flatten, {self.current.total_per_gpu_bytes / GiB:.1f} GiB where the card has "
-                     "room, runs on the CPU here)")
         if self.fits_as_is:
-            return f"fits: {used} of {usable:.1f} GiB usable"
+            return f"fits: {used} of {usable:.1f} GiB usable{self._start_up(self.current)}"
         if self.suggestion is None:
             return (f"does not fit: {used} > {usable:.1f} GiB usable, and no stage, offload, "
                     "checkpointing or loss change fits: use more GPUs, a smaller micro-batch or shorter sequences")
         changes = ", ".join(f"{k}={v}" for k, v in self.change.items())
-        flatten = ", its start-up flatten on the CPU" if self._on_cpu(self.suggestion) else ""
         return (f"does not fit: {used} > {usable:.1f} GiB usable; cheapest change that fits: "
-                f"{changes} ({self._held(self.suggestion)}{flatten}, ~{self.slowdown:.2f}x the step time)")
-
-    def _on_cpu(self, est: MemoryEstimate) -> bool:
-        """Whether DeepSpeed makes this setting's start-up flatten, its peak, on the CPU: no room for it here."""
-        return est.fit_phase != est.peak_phase and est.total_per_gpu_bytes > self.usable_bytes
+                f"{changes} ({self._held(self.suggestion)}, ~{self.slowdown:.2f}x the step time)"
+                f"{self._start_up(self.suggestion)}")
 
     def _held(self, est: MemoryEstimate) -> str:
-        """The bytes the verdict weighs: the peak, or the largest other moment when the flatten is on the CPU."""
-        if self._on_cpu(est):
-            return f"{est.fit_bytes / GiB:.1f} GiB at {est.fit_phase}"
+        """The bytes the verdict weighs: the peak, or the largest moment but init where the flatten is on the CPU."""
+        phase = est.fit_phase_on(self.gpu_memory_bytes)
+        if phase != est.peak_phase:
+            return f"{est.phases[phase]['total'] / GiB:.1f} GiB at {phase}"
         return f"peak {est.total_per_gpu_bytes / GiB:.1f} GiB"
 
+    def _start_up(self, est: MemoryEstimate) -> str:
+        """Where DeepSpeed makes the start-up flatten on the CPU here: that, and the host memory it needs."""
+        card = self.gpu_memory_bytes
+        if not fit.flattens_on_cpu(est, card):
+            return ""
+        return (f"; its start-up flatten ({est.phases['init']['total'] / GiB:.1f} GiB, more than the card's "
+                f"{card / GiB:.1f} GiB) is made on the CPU, with {est.start_up_host_per_node_bytes_on(card) / GiB:.1f} "
+                f"GiB of host memory per node of {est.inputs['gpus_per_node']} GPUs at start-up")
+
     def as_dict(self) -> dict:
-        return dict(gpu_memory_bytes=self.gpu_memory_bytes, usable_bytes=self.usable_bytes,
+        card, suggestion = self.gpu_memory_bytes, self.suggestion
+        return dict(gpu_memory_bytes=card, usable_bytes=self.usable_bytes,
                     fits_as_is=self.fits_as_is, change=self.change, slowdown=self.slowdown,
-                    peak_bytes=self.current.total_per_gpu_bytes, fit_bytes=self.current.fit_bytes,
-                    suggested_peak_bytes=self.suggestion.total_per_gpu_bytes if self.suggestion else None,
+                    peak_bytes=self.current.total_per_gpu_bytes, fit_bytes=self.current.fit_bytes_on(card),
+                    start_up_host_per_node_bytes=self.current.start_up_host_per_node_bytes_on(card),
+                    suggested_peak_bytes=suggestion.total_per_gpu_bytes if suggestion else None,
+                    suggested_fit_bytes=suggestion.fit_bytes_on(card) if suggestion else None,
+                    suggested_start_up_host_per_node_bytes=(suggestion.start_up_host_per_node_bytes_on(card)
+                                                            if suggestion else None),
                     verdict=str(self))
 
 
@@ -78,7 +88,7 @@ def advise(gpu_memory_bytes, reserve_bytes=None, **inputs) -> Advice:
     usable = usable_bytes(gpu_memory_bytes, reserve_bytes)
     current = estimate(**inputs)
     base = current.inputs
-    advice = Advice(gpu_memory_bytes, usable, current.fit_bytes <= usable, current)
+    advice = Advice(gpu_memory_bytes, usable, current.fit_bytes_on(gpu_memory_bytes) <= usable, current)
     if advice.fits_as_is:
         return advice
     dims = current.inputs["dims"] or (models.shape(base["preset"]) if base["preset"] else None)
@@ -96,7 +106,7 @@ def advise(gpu_memory_bytes, reserve_bytes=None, **inputs) -> Advice:
             for off_opt in optimizer_offloads:
                 for off_param in param_offloads:
                     settings = dict(stage=stage, loss=loss, offload_optimizer=off_opt, offload_param=off_param)
-                    k = _fewest_layers(settings, base, now, layers, usable)
+                    k = _fewest_layers(settings, base, now, layers, gpu_memory_bytes, usable)
                     if k is None:
                         continue
                     settings["activation_checkpointing"] = _how(k, layers, base["activation_checkpointing"])
@@ -104,7 +114,8 @@ def advise(gpu_memory_bytes, reserve_bytes=None, **inputs) -> Advice:
                     cost = _slowdown(settings, base, k, layers, dims)
                     change = {key: v for key, v in settings.items() if v != base[key]}
                     advice.options.append(dict(change=change, slowdown=cost, estimate=est))
-    advice.options.sort(key=lambda o: (round(o["slowdown"], 6), len(o["change"]), o["estimate"].fit_bytes))
+    advice.options.sort(key=lambda o: (round(o["slowdown"], 6), len(o["change"]),
+                                       o["estimate"].fit_bytes_on(gpu_memory_bytes)))
     if advice.options:
         best = advice.options[0]
         advice.change, advice.slowdown, advice.suggestion = best["change"], best["slowdown"], best["estimate"]
@@ -112,15 +123,16 @@ def advise(gpu_memory_bytes, reserve_bytes=None, **inputs) -> Advice:
 
 
 def fewest_checkpointed(gpu_memory_bytes, reserve_bytes=None, **inputs) -> tuple[int, MemoryEstimate] | None:
-    """The fewest decoder layers to checkpoint (the first k, at least as many as `inputs` checkpoint) for the peak to
-    fit, every other setting as given, with the estimate at that k; None if even every layer checkpointed does not
-    fit. The search advise() runs for each option, for one setup alone."""
+    """The fewest decoder layers to checkpoint (the first k, at least as many as `inputs` checkpoint) for the setting
+    to fit (`MemoryEstimate.fits`), every other setting as given, with the estimate at that k; None if even every
+    layer checkpointed does not fit. The search advise() runs for each option, for one setup alone."""
     current = estimate(**inputs)
     base = current.inputs
     dims = base["dims"] or models.shape(base["preset"])
     layers = dims["num_hidden_layers"]
     now = models.checkpointed_layers(base["activation_checkpointing"], layers)
-    k = _fewest_layers({}, base, now, layers, usable_bytes(parse_bytes(gpu_memory_bytes), reserve_bytes))
+    card = parse_bytes(gpu_memory_bytes)
+    k = _fewest_layers({}, base, now, layers, card, usable_bytes(card, reserve_bytes))
     if k is None:
         return None
     return k, estimate(**{**base, "activation_checkpointing": _how(k, layers, base["activation_checkpointing"])})
@@ -136,11 +148,11 @@ def slowdown_rules() -> list[dict]:
             dict(change="parameter offload", factor=f"{SLOWDOWN['offload_param']}x, on top of optimizer offload's")]
 
 
-def _fewest_layers(settings, base, now, layers, usable):
-    """The fewest checkpointed layers (at least the current number) that fit; None if even all do not."""
+def _fewest_layers(settings, base, now, layers, card, usable):
+    """The fewest checkpointed layers (at least the current number) that fit `card`; None if even all do not."""
     def fits(k):
         how = _how(k, layers, base["activation_checkpointing"])
-        return estimate(**{**base, **settings, "activation_checkpointing": how}).fit_bytes <= usable
+        return estimate(**{**base, **settings, "activation_checkpointing": how}).fit_bytes_on(card) <= usable
 
     low, high = now, max(now, layers)
     if not fits(high):

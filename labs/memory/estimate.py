@@ -4,7 +4,7 @@
     est = memory.estimate("qwen2.5-7b", stage=3, gpus_per_node=2, micro_batch=2, seq_len=4096)
     est.total_per_gpu_bytes / 2**30, est.fits(memory.gpu_bytes("H200")), est.peak_phase
 
-Three accountings, each proven by a test:
+Three accountings, each proven by a test, and the fit:
 - `paper_model_states_per_gpu_bytes`: the ZeRO paper's Table 1 (labs.memory.accounting).
 - `model_states_per_gpu_bytes`: DeepSpeed's own estimators, term by term (labs.memory.accounting). Stages 0 and 1
   have no DeepSpeed estimator; we apply the same rules (2 + 2 + 4 + 12 bytes, partitioned as the stage does).
@@ -13,8 +13,8 @@ Three accountings, each proven by a test:
   (params, grads, optimizer, activations, buffers) are those live at that moment, so they add up to the total.
   `resident_per_rank` is what each rank holds after backward, before the optimizer step: what the state_bytes
   instrument measures on a real engine.
-- The fit (`fit_bytes`, `fits`): the peak, unless that is ZeRO-1/2's start-up flatten (`init`), which DeepSpeed makes
-  on the CPU when the card has no room for it (peak.init_falls_back): then the largest other moment.
+- The fit, for a card (`fits`, `fit_bytes_on`, labs.memory.fit): every moment counts but ZeRO-1/2's start-up flatten
+  (`init`) where it exceeds the card's total memory, since DeepSpeed then makes it on the CPU, at a cost in host memory.
 
 Every default (micro-batch, sequence length, precision, the DeepSpeed config and its "auto" values) comes from
 labs.resolve, the resolver `labs train` uses: an estimate and a run with the same arguments describe the same run.
@@ -28,7 +28,7 @@ from labs import fsdp, models, resolve
 from labs.errors import LabsError, check_choice
 from labs.memory import activations as act
 from labs.memory import layout as zero_layout
-from labs.memory import host, peak
+from labs.memory import fit, host, peak
 from labs.memory.accounting import OPTIMIZERS, deepspeed_estimator, optimizer_state_bytes, paper_model_states_bytes
 from labs.memory.units import parse_bytes, usable_bytes
 from labs.runfolder import Run
@@ -49,7 +49,7 @@ def host_pinning_of(on_gpu: bool, pin_memory_backend: str | None) -> str:
 # ------------------------------------------------------------------------------------------ the estimate
 @dataclass
 class MemoryEstimate:
-    """Bytes per GPU (the worst rank) and per host node. See the module docstring for the three accountings."""
+    """Bytes per GPU (the worst rank) and per host node. See the module docstring for the accountings."""
     params: int
     params_per_gpu_bytes: int
     grads_per_gpu_bytes: int
@@ -68,27 +68,26 @@ class MemoryEstimate:
     breakdown: dict
     inputs: dict
     notes: list = field(default_factory=list)
-    init_falls_back: bool = False       # DeepSpeed flattens at start-up on the CPU when the card has no room
+    init_falls_back: bool = False       # DeepSpeed flattens at start-up on the CPU on a card too small for it
 
     def as_dict(self) -> dict:
-        return dict(asdict(self), fit_phase=self.fit_phase, fit_bytes=self.fit_bytes)
+        return asdict(self)
 
-    @property
-    def fit_phase(self) -> str:
-        """The moment a fit verdict weighs: the peak's, unless that is a start-up flatten DeepSpeed moves to the CPU
-        on a card without room (the GPU then holds the flat buffer alone, as every later moment does)."""
-        weighed = [name for name in self.phases if not (self.init_falls_back and name == "init")]
-        return max(weighed, key=lambda name: self.phases[name]["total"])
+    def fit_phase_on(self, gpu_memory_bytes) -> str:
+        """The moment a fit verdict on this card weighs: the peak's but for a flatten on the CPU (labs.memory.fit)."""
+        return fit.phase_on(self, gpu_memory_bytes)
 
-    @property
-    def fit_bytes(self) -> int:
-        """The bytes a card must hold for this setting to fit (the peak but for a start-up flatten, see fit_phase)."""
-        return self.phases[self.fit_phase]["total"]
+    def fit_bytes_on(self, gpu_memory_bytes) -> int:
+        """The bytes the card must hold for the setting to fit (the peak but for a start-up flatten on the CPU)."""
+        return self.phases[self.fit_phase_on(gpu_memory_bytes)]["total"]
+
+    def start_up_host_per_node_bytes_on(self, gpu_memory_bytes) -> int:
+        """Host memory per node a start-up flatten made on the CPU needs on this card (0 where it is not)."""
+        return fit.start_up_host_per_node_bytes(self, gpu_memory_bytes)
 
     def fits(self, gpu_memory_bytes, reserve_bytes=None) -> bool:
-        """Whether `fit_bytes` fits, leaving `reserve_bytes` (default 1 GiB + 5%: CUDA context, NCCL and
-        cuBLAS workspaces, allocator fragmentation) of the card free."""
-        return self.fit_bytes <= usable_bytes(gpu_memory_bytes, reserve_bytes)
+        """Whether `fit_bytes_on` the card leaves it `reserve_bytes` free (labs.memory.usable_bytes: 1 GiB + 5%)."""
+        return self.fit_bytes_on(gpu_memory_bytes) <= usable_bytes(gpu_memory_bytes, reserve_bytes)
 
 
 def estimate(preset=None, *, params=None, dims=None, stage=None, gpus_per_node=1, nodes=1, precision=None,
@@ -222,10 +221,9 @@ def estimate(preset=None, *, params=None, dims=None, stage=None, gpus_per_node=1
         host_per_node_bytes=int(host_rank * gpus_per_node), nvme_per_node_bytes=int(nvme_rank * gpus_per_node),
         peak_phase=peak_phase, phases=phases, resident_per_rank=resident, deepspeed_estimator=ds,
         breakdown=breakdown, inputs=inputs, notes=notes,
-        init_falls_back=peak.init_falls_back(stage, precision, resolved, "fsdp2" if fsdp_settings else "deepspeed"))
-    if est.fit_phase != peak_phase:
-        notes.append(f"the peak is the start-up flatten (init): on a card without room for the flat copy DeepSpeed "
-                     f"makes it on the CPU, and the fit weighs {est.fit_phase} ({est.fit_bytes / 2**30:.1f} GiB)")
+        init_falls_back=fit.init_falls_back(stage, precision, offload_optimizer, resolved.get("data_types"),
+                                            "fsdp2" if fsdp_settings else "deepspeed"))
+    notes.extend(filter(None, [fit.note(est)]))
     return est
 
 

@@ -1,9 +1,9 @@
 """The peak of `torch.cuda.max_memory_allocated` through a training step, moment by moment.
 
 A step passes through moments where different things are alive; the peak is the largest of them:
-- init: ZeRO-0/1/2 copy the model into one flat buffer while the original tensors still exist. ZeRO-1/2 do that
-  on the GPU only when it has room for the copy; otherwise on the CPU (`init_falls_back`), so this moment decides
-  no fit verdict there (labs.memory.estimate's `fit_bytes`).
+- init: ZeRO-0/1/2 copy the model into one flat buffer while the original tensors still exist. ZeRO-1/2 make that
+  copy on the CPU when it exceeds the card's total memory, and then this moment decides no fit verdict
+  (labs.memory.fit).
 - loss_backward: every saved activation plus the loss at its worst (stock loss: three fp32 [tokens, vocab]
   tensors inside log_softmax's backward); no gradient exists yet (ZeRO-3 keeps its gradient buffer), unless
   an earlier micro-batch of the same step left its gradients (ZeRO-0/1: every p.grad, and ZeRO-1's reduce buckets;
@@ -115,8 +115,8 @@ def deepspeed(params, layout, dims, stage, world, d, mixed, state_bytes, offload
     gathered_head = gathered_layer = gathered_embedding = 0
     if stage == 3 and world > 1:
         live, prefetch = knobs["stage3_max_live_parameters"], knobs["stage3_prefetch_bucket_size"]
-        gathered_head = d * min(live, acts["head"] + prefetch)
-        gathered_layer = d * min(live, acts["layer_params"] + prefetch)
+        gathered_head = d * _gathered(acts["head"], live, prefetch)
+        gathered_layer = d * _gathered(acts["layer_params"], live, prefetch)
         gathered_embedding = 2 * d * acts["head"]               # gathered weight + its dense gradient
     elif stage == 3:
         # one rank holds every parameter whole: DeepSpeed gathers nothing (partition_parameters.py returns
@@ -158,23 +158,13 @@ def deepspeed(params, layout, dims, stage, world, d, mixed, state_bytes, offload
     return phases, resident, host, nvme
 
 
-def init_falls_back(stage: int, precision: str, resolved: dict, engine: str = "deepspeed") -> bool:
-    """Whether DeepSpeed 0.19.8 flattens the model on the CPU when the GPU has no room for the flat copy. ZeRO-1/2's
-    optimizer (DeepSpeedZeroOptimizer, ZenFlow's included) does: it compares the free memory with the flat buffer
-    (stage_1_and_2.py, `flatten_on_accelerator`) and, short of room, moves the group's parameters to the CPU, flattens
-    there and copies only the flat buffer back, so the GPU never holds both. The others have no such check: ZeRO-0's
-    FP16_Optimizer (bf16 and fp16: fused_optimizer.py clones and flattens on the GPU), ZeRO-1's BF16_Optimizer (bf16
-    weights with fp32 gradient accumulation, `data_types.grad_accum_dtype`; labs never sets it), FSDP2; ZeRO-3 makes
-    no whole flat copy."""
-    if engine != "deepspeed" or stage not in (1, 2):
-        return False
-    zero = resolved.get("zero_optimization") or {}
-    accumulates_fp32 = str((resolved.get("data_types") or {}).get("grad_accum_dtype")) in FP32_NAMES
-    offloaded = (zero.get("offload_optimizer") or {}).get("device") in ("cpu", "nvme")
-    return not (stage == 1 and precision == "bf16" and accumulates_fp32 and not offloaded)
-
-
-FP32_NAMES = ("fp32", "float32", "float", "torch.float32")     # DeepSpeed's DtypeEnum names for fp32
+def _gathered(module: int, live: float, prefetch: float) -> float:
+    """Elements gathered while a ZeRO-3 module computes: the module itself, always (DeepSpeed 0.19.8 never releases a
+    parameter early to honour `stage3_max_live_parameters`), plus what it prefetches for the next modules: at most
+    prefetch_bucket_size elements, and no more than the live limit leaves above what is already gathered
+    (partitioned_param_coordinator.py, `max_params_to_prefetch`). Chapter 2 measured live=1: the same peak as
+    prefetching off."""
+    return module + min(prefetch, max(0, live - module))
 
 
 def layers_before_first_reduce(acts, dims, knobs) -> int:

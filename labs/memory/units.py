@@ -43,6 +43,8 @@ def gpu_bytes(name: str) -> int:
 
 
 def usable_bytes(gpu_memory_bytes, reserve_bytes=None) -> int:
+    """What a card leaves training, less `reserve_bytes` (default 1 GiB + 5%: CUDA context, NCCL and cuBLAS
+    workspaces, allocator fragmentation)."""
     gpu_memory_bytes = parse_bytes(gpu_memory_bytes)
     reserve = GiB + 0.05 * gpu_memory_bytes if reserve_bytes is None else parse_bytes(reserve_bytes)
     return int(gpu_memory_bytes - reserve)

@@ -36,12 +36,14 @@ def _zero1_minus_zero2():
     return (zero1.total_per_gpu_bytes - zero2.total_per_gpu_bytes) / memory.GiB
 
 
-@exercise("01.4", "01.2's setting on 64 GPUs (8 nodes of 8), each an RTX 4090 (24 GB): how many GiB per GPU must "
-          "the card hold for labs.memory to say it fits (the estimate's fit_bytes)?", "GiB", rel=0.03,
-          hint="the peak where the card has room is the start-up flatten, twice the bf16 weights: what does "
-               "DeepSpeed do when the card has no room for it, and which moment is the largest after it?")
+@exercise("01.4", "01.2's setting on 64 GPUs (8 nodes of 8), each an RTX 4090 (24 GB): how many GiB per GPU does "
+          "labs.memory's fit verdict weigh against the card's usable memory (the estimate's fit_bytes_on the card)?",
+          "GiB", rel=0.03,
+          hint="the peak is the start-up flatten, twice the bf16 weights: is it more than the card's whole memory, "
+               "what does DeepSpeed then do, and which moment is the largest after it?")
 def _zero2_on_64_small_cards():
-    return memory.estimate(**SMALL_ACTIVATIONS, stage=2, gpus_per_node=8, nodes=8).fit_bytes / memory.GiB
+    estimate = memory.estimate(**SMALL_ACTIVATIONS, stage=2, gpus_per_node=8, nodes=8)
+    return estimate.fit_bytes_on(memory.gpu_bytes("RTX4090")) / memory.GiB
 
 
 @exercise("01.5", "Qwen2.5-7B, ZeRO-3 with the optimizer offloaded to the CPU, one node of 8 GPUs: host memory of "
