@@ -171,12 +171,17 @@ def _optimizer(config, lr, default_lr, on_gpu) -> float:
     return params["lr"]
 
 
+def scheduler_steps(steps: int) -> dict:
+    """The scheduler's "auto" step counts for a run of `steps` optimizer steps: the warm-up is a tenth of the run,
+    at least 2 (DeepSpeed's log warm-up divides by log(warmup): never 1)."""
+    return {"warmup_num_steps": max(2, steps // 10), "total_num_steps": steps}
+
+
 def _scheduler(config, steps, peak_lr):
     scheduler = config.get("scheduler")
     if not scheduler:
         return
-    warmup = max(2, steps // 10)   # DeepSpeed's log warm-up divides by log(warmup): never 1
-    for key, value in {"warmup_num_steps": warmup, "total_num_steps": steps, "warmup_max_lr": peak_lr,
+    for key, value in {**scheduler_steps(steps), "warmup_max_lr": peak_lr,
                        "warmup_min_lr": 0.0, "cos_min_ratio": 0.1, "warmup_min_ratio": 0.0}.items():
         if scheduler.setdefault("params", {}).get(key) == "auto":
             scheduler["params"][key] = value

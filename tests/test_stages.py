@@ -1,9 +1,10 @@
-"""Two real 2-rank launches, fp32, same seed and data: ZeRO-0 and ZeRO-3 must give the same losses, and the
-rank loop's counters and probes must report what each stage holds and moves. The runs are chapter 2's (same steps,
-instruments and knobs), so under `make test` the chapter reuses them (labs.runcache)."""
+"""Chapter 2's four real 2-rank launches, fp32, same seed and data: ZeRO-0 and ZeRO-3 must give the same losses, and
+the rank loop's counters and probes must report what each stage holds and moves. The runs are chapter 2's (same steps,
+instruments and knobs), so under `make test` the chapter reuses them (labs.runcache): ZeRO-1 and ZeRO-2, which only
+the memory check reads here, are trained once for both."""
 import pytest
 
-from labs import models, resolve
+from labs import CONFIGS, config, models, resolve
 from labs.course import stages
 from labs.instruments import comm
 
@@ -12,7 +13,7 @@ STEPS = 8           # chapter 2's stage runs
 
 @pytest.fixture(scope="module")
 def stage_runs(tmp_path_factory):
-    return stages.run_stages(tmp_path_factory.mktemp("stages"), steps=STEPS, stages=(0, 3))
+    return stages.run_stages(tmp_path_factory.mktemp("stages"), steps=STEPS)
 
 
 def test_zero0_and_zero3_losses_agree_in_fp32(stage_runs):
@@ -65,12 +66,38 @@ def test_a_variant_steps_at_the_stage_runs_rates_and_trains_the_same(stage_runs,
     assert max(abs(a - b) for a, b in zip(released_run.losses, stage_runs[0].losses)) <= 1e-5
 
 
+def test_a_variant_on_a_longer_schedule_gets_that_runs_warm_up():
+    """schedule_steps gives a variant the scheduler of a run that long, its warm-up included (labs.resolve's rule: a
+    tenth of the steps, at least 2): a 5-step variant on a 40-step schedule warms up over 4 steps like the 40-step run,
+    not over the 2 its own 5 steps would give. Config only, no run."""
+    dims = models.shape("tiny")
+
+    def schedule(raw, steps):
+        resolved = resolve.ds_config(raw, world_size=2, dims=dims, steps=steps, on_gpu=False, preset="tiny")
+        return resolved["scheduler"]["params"]
+
+    change = {"zero_optimization.stage3_max_reuse_distance": 0}
+    long_run = schedule(config.variant(config.load(CONFIGS / "zero3.json"), change), 40)
+    assert long_run["total_num_steps"] == 40 and long_run["warmup_num_steps"] == 4
+    for schedule_steps in (20, 40, 100):
+        variant = schedule(stages.variant_config("zero3.json", change, schedule_steps=schedule_steps), 5)
+        assert variant["total_num_steps"] == schedule_steps
+        assert variant["warmup_num_steps"] == max(2, schedule_steps // 10)
+    assert schedule(stages.variant_config("zero3.json", change, schedule_steps=40), 5) == long_run
+    assert schedule(stages.variant_config("zero3.json", change), 5)["warmup_num_steps"] == 2      # its own 5 steps
+    typed = stages.variant_config("zero3.json", {"scheduler.params.warmup_num_steps": 7}, schedule_steps=40)
+    assert typed["scheduler"]["params"]["warmup_num_steps"] == 7                                 # a typed count stays
+
+
 def test_every_rank_against_labs_memory(stage_runs):
+    """What chapter 2 prints under its table: 24 rows (4 stages x 2 ranks x 3 categories), 10 of them equal to the
+    byte, all within 1%; the largest gap is torch's AdamW step counter, 4 bytes per parameter tensor (26 in tiny),
+    which labs.memory leaves out."""
     rows = stages.state_rows(stage_runs)
     first, *named = stages.mismatches(stage_runs, rows)
-    assert len(rows) == 2 * 2 * 3 and not named and "every row within 1% of the prediction" in first
-    # the largest gap: torch's AdamW step counter, 4 bytes per parameter tensor (26 in tiny), left out of labs.memory
-    assert "the largest gap +104 bytes (ZeRO-0 rank 0 optimizer)" in first
+    assert not named and first == ("24 rows (every stage, rank and category): 10 equal to the byte, every row within "
+                                   "1% of the prediction; the largest gap +104 bytes (ZeRO-0 rank 0 optimizer)")
+    assert {(r["stage"], r["rank"]) for r in rows} == {(s, r) for s in range(4) for r in range(2)}
 
 
 def test_what_zero2_saves_over_zero1_and_the_bf16_optimizer():

@@ -3,7 +3,7 @@ read off the runs: the losses, the bytes each rank holds, the bytes each rank mo
 DeepSpeed's buffer knobs cost.
 
     runs = stages.run_stages(RUNS / "02_zero_stages", steps=8)      # {0: Run, 1: Run, 2: Run, 3: Run}
-    stages.loss_differences(runs)                                    # {1: 4.8e-06, 2: ..., 3: ...} vs stage 0
+    stages.loss_differences(runs)                                    # {1: ..., 2: ..., 3: ...}: largest |loss gap| to 0
     stages.updated_steps(runs[0])                                    # [4, 5, ...]: losses after a real update
     Table(stages.comm_rows(runs), ["stage", "volume_psi", "paper_psi"])
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from labs import CONFIGS, launch, memory, models
+from labs import CONFIGS, launch, memory, models, resolve
 from labs import config as config_lib
 from labs.instruments import comm
 from labs.resolve import STAGE_FILES
@@ -40,15 +40,25 @@ def run_configs(out, files: dict, steps=8, precision=None, **launch_options) -> 
 def run_variants(out, variants: dict, steps=3, precision="fp32", schedule_steps=None, **launch_options) -> dict:
     """variants: {name: (base file in ds_configs/, {dotted key: value})}. Each variant's config is written
     to <out>/configs/<name>.json (so it can be read and rerun) and launched; returns {name: Run}.
-    `schedule_steps`: the learning-rate schedule of a run of that many steps (its total_num_steps), so that a
-    shorter variant steps with the same rate as a longer run, step for step, and their losses can be compared."""
+    `schedule_steps`: the learning-rate schedule of a run of that many steps (variant_config), so that a shorter
+    variant steps with the same rate as a longer run, step for step, and their losses can be compared."""
     runs = {}
-    schedule = {"scheduler.params.total_num_steps": schedule_steps} if schedule_steps else {}
     for name, (base, changes) in variants.items():
-        config = config_lib.variant(config_lib.load(CONFIGS / base), {**schedule, **changes})
-        path = config_lib.write(config, Path(out) / "configs" / f"{name}.json")
+        path = config_lib.write(variant_config(base, changes, schedule_steps), Path(out) / "configs" / f"{name}.json")
         runs[name] = _launch(Path(out) / name, path, steps, precision, f"{name}", launch_options)
     return runs
+
+
+def variant_config(base: str, changes: dict, schedule_steps=None) -> dict:
+    """A ds_configs/ file with dotted keys changed. With `schedule_steps`, the scheduler's step counts that labs
+    fills for a run of that many steps replace its "auto" ones (total_num_steps, and warmup_num_steps by labs.resolve's
+    own rule), whatever number of steps the variant itself runs; a count the file or the changes type is kept."""
+    config = config_lib.variant(config_lib.load(CONFIGS / base), changes)
+    params = (config.get("scheduler") or {}).get("params")
+    if schedule_steps and params is not None:
+        params.update({key: value for key, value in resolve.scheduler_steps(schedule_steps).items()
+                       if params.get(key) == "auto"})
+    return config
 
 
 def _launch(out, config, steps, precision, label, options):
