@@ -273,13 +273,19 @@ def _write_slurm(args, argv) -> int:
         raise LabsError("--slurm needs --nnodes (nodes to ask for) and --nproc (GPUs per node)")
     script = multinode.slurm_script(args.nnodes, args.nproc, multinode.slurm_train_args(argv[1:]),
                                     port=args.master_port, workdir=str(Path.cwd()))
-    target = Path(args.slurm)
-    partial = target.with_name(f".{target.name}.partial-{os.getpid()}")
-    try:                      # whole or not at all: an earlier script there stays as it was until this one is written
-        partial.write_text(script)
-        os.replace(partial, target)
-    finally:
-        partial.unlink(missing_ok=True)
+    given = Path(args.slurm)
+    target = given.resolve()                      # through a link to the file it names
+    if given.exists() and not given.is_file():    # /dev/stdout, a pipe: written as it is
+        given.write_text(script)
+    else:                     # whole or not at all: an earlier script there stays as it was until this one is written
+        partial = target.with_name(f".{target.name}.partial-{os.getpid()}")
+        try:
+            partial.write_text(script)
+            if target.exists():
+                partial.chmod(target.stat().st_mode & 0o7777)      # keep the earlier file's mode (e.g. +x)
+            os.replace(partial, target)
+        finally:
+            partial.unlink(missing_ok=True)
     print(f"wrote {args.slurm}: submit it with `sbatch {args.slurm}`")
     return 0
 

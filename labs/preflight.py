@@ -185,8 +185,10 @@ def check_hardware(nproc: int, on_gpu: bool, seq_len: int, dims: dict, estimate_
                         "(max_position_embeddings)")
     estimate = memory.estimate(**estimate_kwargs, host_pinning=host_pinning(on_gpu))
     if on_gpu:
-        have = gpu_memory_bytes or torch.cuda.get_device_properties(0).total_memory
-        need, what = gpu_need(estimate, have)
+        # the card's own memory, what DeepSpeed sees under a --gpu-memory cap too (None: the card is the cap's)
+        whole = torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else None
+        have = gpu_memory_bytes or whole
+        need, what = gpu_need(estimate, have, whole)
     else:
         have = host_memory_bytes() / nproc
         need = estimate.total_per_gpu_bytes + estimate.host_per_node_bytes / nproc
@@ -208,7 +210,7 @@ def check_hardware(nproc: int, on_gpu: bool, seq_len: int, dims: dict, estimate_
     if not on_gpu:
         return
     host_bytes = host_memory_bytes()
-    check_start_up_host(estimate, have, host_bytes, nproc)
+    check_start_up_host(estimate, have, host_bytes, nproc, whole)
     if estimate.host_per_node_bytes > host_bytes:
         raise LabsError(f"labs.memory predicts {estimate.host_per_node_bytes / 2**30:,.1f} GiB of host memory for the "
                         f"offloaded optimizer of {nproc} rank(s), above the {host_bytes / 2**30:,.1f} GiB "
@@ -221,9 +223,10 @@ def check_hardware(nproc: int, on_gpu: bool, seq_len: int, dims: dict, estimate_
               "(tools/host_memory.sh) in the first steps", file=sys.stderr, flush=True)
 
 
-def gpu_need(estimate, card_bytes) -> tuple[int, str]:
-    """The bytes a GPU must hold (the figure the fit weighs on this card) and how check_hardware names them."""
-    phase, need = estimate.fit_phase_on(card_bytes), estimate.fit_bytes_on(card_bytes)
+def gpu_need(estimate, card_bytes, whole=None) -> tuple[int, str]:
+    """The bytes a GPU must hold (the figure the fit weighs on this card; `whole`: the card's own memory where
+    --gpu-memory caps it, which decides DeepSpeed's start-up flatten) and how check_hardware names them."""
+    phase, need = estimate.fit_phase_on(card_bytes, whole), estimate.fit_bytes_on(card_bytes, whole)
     if phase == estimate.peak_phase:
         return need, f"a peak of {need / 2**30:,.1f} GiB per GPU"
     peak = estimate.total_per_gpu_bytes / 2**30
@@ -231,16 +234,17 @@ def gpu_need(estimate, card_bytes) -> tuple[int, str]:
                   "made on the CPU on this card)")
 
 
-def check_start_up_host(estimate, card_bytes, host_bytes, nproc: int) -> None:
+def check_start_up_host(estimate, card_bytes, host_bytes, nproc: int, whole=None) -> None:
     """Refuse when ZeRO-1/2's start-up flatten, too large for the card, is made on the CPU (labs.memory.fit) and
     its ranks would hold more host memory at once than this host has: each holds its weights twice there."""
-    need = estimate.start_up_host_per_node_bytes_on(card_bytes)
+    need = estimate.start_up_host_per_node_bytes_on(card_bytes, whole)
     if need > host_bytes:
         raise LabsError(f"labs.memory predicts {need / 2**30:,.1f} GiB of host memory at start-up for {nproc} rank(s), "
                         f"above the {host_bytes / 2**30:,.1f} GiB this host has: ZeRO-{estimate.inputs['stage']}'s "
                         f"start-up flatten ({estimate.phases['init']['total'] / 2**30:,.1f} GiB per rank) is larger "
-                        f"than the card's {card_bytes / 2**30:,.1f} GiB, so DeepSpeed makes it on the CPU, each rank "
-                        "holding its weights twice: use ZeRO-3, fewer ranks per host, or pass --no-memory-check")
+                        f"than the card's {(whole or card_bytes) / 2**30:,.1f} GiB, so DeepSpeed makes it on the CPU, "
+                        "each rank holding its weights twice: use ZeRO-3, fewer ranks per host, or pass "
+                        "--no-memory-check")
 
 
 # Within this much of the card's usable memory (labs.memory.usable_bytes), a GPU run gets a note: on one H100 (74.7 GiB

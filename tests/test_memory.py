@@ -215,7 +215,7 @@ SMALL_CARD_3B = dict(preset="qwen2.5-3b", stage=2, gpus_per_node=8, nodes=8, mic
 
 def test_a_start_up_flatten_within_the_cards_total_counts_against_usable_memory():
     """Between the usable memory and the card's total, DeepSpeed (without pynvml, not in labs' requirements) sees
-    room for the copy, flattens on the GPU and runs out of memory: the flatten counts like every moment there. Above
+    room for the copy, flattens on the GPU, where it may run out: the flatten counts like every moment there. Above
     the card's total it falls back to the CPU, with or without pynvml, and the fit weighs the largest other moment."""
     est = memory.estimate(**SMALL_CARD_3B)
     init, rest = est.phases["init"]["total"], max(p["total"] for name, p in est.phases.items() if name != "init")
@@ -232,6 +232,16 @@ def test_a_start_up_flatten_within_the_cards_total_counts_against_usable_memory(
     assert memory.advise(above, **SMALL_CARD_3B).fits_as_is
 
 
+def test_under_a_cap_the_flatten_falls_back_by_the_whole_cards_memory():
+    """--gpu-memory caps PyTorch's share of a larger card, but DeepSpeed's available_memory() reads the whole card:
+    there the start-up flatten is made on the GPU, inside the cap, and counts against it."""
+    est = memory.estimate(**SMALL_CARD_3B)
+    cap = memory.parse_bytes("10GiB")                    # smaller than the flatten: alone, it would fall back
+    assert est.phases["init"]["total"] > cap and est.fit_phase_on(cap) != "init"
+    whole = memory.gpu_bytes("H100")
+    assert est.fit_phase_on(cap, total=whole) == "init" and est.start_up_host_per_node_bytes_on(cap, whole) == 0
+
+
 @pytest.mark.parametrize("stage, precision, data_types, offload, engine, falls_back", [
     (1, "bf16", None, None, "deepspeed", True),
     (2, "fp32", None, None, "deepspeed", True),
@@ -239,6 +249,7 @@ def test_a_start_up_flatten_within_the_cards_total_counts_against_usable_memory(
     (3, "bf16", None, None, "deepspeed", False),          # ZeRO-3 makes no whole flat copy
     (1, "bf16", {"grad_accum_dtype": "fp32"}, None, "deepspeed", False),   # ZeRO-1's BF16_Optimizer: no check either
     (1, "bf16", {"grad_accum_dtype": "fp32"}, "cpu", "deepspeed", True),   # offloaded: DeepSpeedZeroOptimizer again
+    (1, "bf16", {"grad_accum_dtype": "fp32"}, "nvme", "deepspeed", False),  # zero_cpu_offload() is cpu only
     (2, "bf16", {"grad_accum_dtype": "fp32"}, None, "deepspeed", True),
     (2, "bf16", None, None, "fsdp2", False),
 ])

@@ -137,7 +137,7 @@ def cap_after_fix() -> list[dict]:
 
 def cap_bound() -> dict:
     """Run y2's stock ZeRO-2 (not among run y's candidates) against run y: even slowed by the compile it ran faster
-    than run y's stock best under the plain cap (two invocations). It does not fit a real 80 GB card (runs y3 and y6
+    than run y's stock best under the plain cap (two invocations). It does not fit a real 80 GB card (runs y3, y4, y6
     on real H100s ran out of memory, as did run y5 on an H200 under labs.card_cap's H100 cap), so it bounds nothing
     there: eighty_gb() has the figures for one 80 GB card."""
     y2 = {r["case"]: r for r in cap_after_fix()}["stock-zero2-cknone-mb1-ga8"]

@@ -133,8 +133,9 @@ def offload_cost_run_m() -> dict:
     """What optimizer offload cost in chapter 9's run m (1 x H200, Qwen2.5-3B shape, 32,768 tokens per optimizer
     step): labs with offload against labs without, the pair `labs.course.gpu_report.offload_targets` prints there,
     as throughput lost (from the two tokens/s the chapter prints, not its rounded share) and as step time. Verdict
-    on "offload slows training by 30-50%": "partly" when the throughput lost lies in that range (the claim then
-    holds read as throughput, not as time), "false" outside it."""
+    on "offload slows training by 30-50%": "partly" when the throughput lost lies in that range, or at its edge (the
+    speed kept within TIE of the speed the range's bound would keep: one run, no repeat), since the claim then holds
+    read as throughput, not as time; "false" beyond."""
     got = read(Read(CH9, RUN_M, r"offload hides the CPU step: .*?: (\d+)% \((\S+) vs (\S+)\)",
                     ("kept", "with_case", "without_case")))
     speed = {case: read(Read(CH9, RUN_M, rf"^{_literal(got[case])}\s+\S+\s+(\S+)", ("tps",)))["tps"]
@@ -142,8 +143,10 @@ def offload_cost_run_m() -> dict:
     kept = _number(speed["with_case"]) / _number(speed["without_case"])
     lost = 100 * (1 - kept)
     within = CLAIMED_COST[0] <= lost <= CLAIMED_COST[1]
+    edge = not within and any(abs(kept / (1 - bound / 100) - 1) <= TIE for bound in CLAIMED_COST)
+    where = "inside" if within else f"at the edge (within this page's {TIE:.0%} tie) of" if edge else "outside"
     return {"kept": f"{100 * kept:.1f}%", "lost": f"{lost:.1f}%",
-            "range": f"{'inside' if within else 'outside'} the claimed {CLAIMED_COST[0]}-{CLAIMED_COST[1]}%",
+            "range": f"{where} the claimed {CLAIMED_COST[0]}-{CLAIMED_COST[1]}%",
             "time": f"{1 / kept:.2f}",
             "with_tps": speed["with_case"], "without_tps": speed["without_case"],
-            "verdict": "partly" if within else "false"}
+            "verdict": "partly" if within or edge else "false"}

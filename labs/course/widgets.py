@@ -20,6 +20,7 @@ from labs.errors import LabsError, check_choice
 # The chart's first setting. Micro-batch, sequence length and precision are what `labs train` would use for the
 # preset (labs.resolve), so the calculator's default describes the default run. The card is an 80 GB H100, on
 # which this setting does not fit: a static page then shows the advice, not only a bar.
+GPUS_PER_NODE = 8
 DEFAULTS = dict(preset="qwen2.5-7b", stage=3, gpus=8, offload="none",
                 precision=config.precision(resolve.default_config(3)),
                 micro_batch=resolve.run_defaults("qwen2.5-7b")["micro_batch"],
@@ -45,7 +46,9 @@ def bar_data(**values) -> dict:
         raise LabsError(f"offload '{v['offload']}' needs ZeRO stage {'3' if offload_param else '1 or more'} (got "
                         f"stage {v['stage']}); at this stage choose: {', '.join(offload_options(v['stage']))}")
     checkpointing = int(v["checkpointing"]) if str(v["checkpointing"]).isdigit() else v["checkpointing"]
-    est = memory.estimate(v["preset"], stage=v["stage"], gpus_per_node=v["gpus"], precision=v["precision"],
+    per_node = min(v["gpus"], GPUS_PER_NODE)    # more GPUs than a node holds: nodes of 8, as clusters have
+    est = memory.estimate(v["preset"], stage=v["stage"], gpus_per_node=per_node, nodes=-(-v["gpus"] // per_node),
+                          precision=v["precision"],
                           offload_optimizer=offload_optimizer, offload_param=offload_param,
                           micro_batch=v["micro_batch"], seq_len=v["seq_len"], activation_checkpointing=checkpointing,
                           loss=v["loss"])
@@ -81,7 +84,7 @@ def memory_bar(ax=None, **values):
         verdict_line = (f"{verdict}: {data['fit_gib']:.1f} GiB at {data['fit_phase']} of {data['usable_gib']:.1f} GiB "
                    f"usable on {s['gpu']}; peak {data['total_gib']:.1f} GiB at {data['peak_phase']}, the start-up "
                    f"flatten,\nmade on the CPU on this card ({data['start_up_host_gib']:.0f} GiB of host memory per "
-                   f"node of {s['gpus']} GPUs while the ranks start)")
+                   f"node of {min(s['gpus'], GPUS_PER_NODE)} GPUs while the ranks start)")
     ax.axvline(data["gpu_gib"], color="black", lw=1.5)
     ax.axvline(data["usable_gib"], color="black", ls="--", lw=1)
     ax.text(data["gpu_gib"], 1.45, f" {data['setting']['gpu']}", va="center", fontsize=8)

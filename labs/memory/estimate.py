@@ -73,17 +73,18 @@ class MemoryEstimate:
     def as_dict(self) -> dict:
         return asdict(self)
 
-    def fit_phase_on(self, gpu_memory_bytes) -> str:
-        """The moment a fit verdict on this card weighs: the peak's but for a flatten on the CPU (labs.memory.fit)."""
-        return fit.phase_on(self, gpu_memory_bytes)
+    def fit_phase_on(self, gpu_memory_bytes, total=None) -> str:
+        """The moment a fit verdict on this card weighs: the peak's but for a flatten on the CPU (labs.memory.fit;
+        `total`: the card's whole memory where a cap gives PyTorch less)."""
+        return fit.phase_on(self, gpu_memory_bytes, total)
 
-    def fit_bytes_on(self, gpu_memory_bytes) -> int:
+    def fit_bytes_on(self, gpu_memory_bytes, total=None) -> int:
         """The bytes the card must hold for the setting to fit (the peak but for a start-up flatten on the CPU)."""
-        return self.phases[self.fit_phase_on(gpu_memory_bytes)]["total"]
+        return self.phases[self.fit_phase_on(gpu_memory_bytes, total)]["total"]
 
-    def start_up_host_per_node_bytes_on(self, gpu_memory_bytes) -> int:
+    def start_up_host_per_node_bytes_on(self, gpu_memory_bytes, total=None) -> int:
         """Host memory per node a start-up flatten made on the CPU needs on this card (0 where it is not)."""
-        return fit.start_up_host_per_node_bytes(self, gpu_memory_bytes)
+        return fit.start_up_host_per_node_bytes(self, gpu_memory_bytes, total)
 
     def fits(self, gpu_memory_bytes, reserve_bytes=None) -> bool:
         """Whether `fit_bytes_on` the card leaves it `reserve_bytes` free (labs.memory.usable_bytes: 1 GiB + 5%)."""

@@ -6,9 +6,10 @@ DeepSpeed 0.19.8's ZeRO-1/2 optimizer (stage_1_and_2.py, `flatten_on_accelerator
 `available_memory()` is at least the flat buffer: nvml's free memory if pynvml is importable, else the card's total
 less what PyTorch has allocated, which ignores the CUDA context (cuda_accelerator.py; pynvml is not in labs'
 requirements). So without pynvml it falls back only when the parameters and the flat copy exceed the card's total
-memory; between labs' usable memory (labs.memory.usable_bytes) and that total it flattens on the GPU and runs out of
-memory. The rule: the start-up flatten is left out only when it exceeds the card's total (then DeepSpeed falls back,
-with or without pynvml); otherwise it counts against usable memory like every moment.
+memory; between labs' usable memory (labs.memory.usable_bytes) and that total it flattens on the GPU, where it may
+run out (the CUDA context and the allocator's cache take their share). The rule: the start-up flatten is left out
+only when it exceeds the card's total (then DeepSpeed falls back, with or without pynvml); otherwise it counts
+against usable memory like every moment, the same allowance every other moment gets.
 
 Where it falls back, the host pays: each rank moves its parameters to the CPU (`param.cpu_data`) and builds the flat
 buffer there from them, so it holds its weights twice at once, as the GPU would have (`start_up_host_per_node_bytes`).
@@ -33,27 +34,30 @@ def init_falls_back(stage: int, precision: str, offload_optimizer, data_types: d
     if engine != "deepspeed" or stage not in (1, 2):
         return False
     accumulates_fp32 = str((data_types or {}).get("grad_accum_dtype")) in FP32_NAMES
-    offloaded = offload_optimizer in ("cpu", "nvme")
+    offloaded = offload_optimizer == "cpu"     # engine.py's zero_cpu_offload(): NVMe offload still takes BF16_Optimizer
     return not (stage == 1 and precision == "bf16" and accumulates_fp32 and not offloaded)
 
 
-def flattens_on_cpu(est, gpu_memory_bytes) -> bool:
+def flattens_on_cpu(est, gpu_memory_bytes, total=None) -> bool:
     """Whether DeepSpeed surely makes this estimate's start-up flatten on the CPU on a card of `gpu_memory_bytes`:
-    the parameters and the flat copy exceed the card's total memory."""
-    return bool(est.init_falls_back) and est.phases["init"]["total"] > parse_bytes(gpu_memory_bytes)
+    the parameters and the flat copy exceed the card's total memory. `total`: the total DeepSpeed sees where it is
+    not the card's, as under `--gpu-memory`, which caps PyTorch's share of a larger card (labs.card_cap) while
+    DeepSpeed's available_memory() still reads the whole card."""
+    return bool(est.init_falls_back) and est.phases["init"]["total"] > parse_bytes(
+        gpu_memory_bytes if total is None else total)
 
 
-def phase_on(est, gpu_memory_bytes) -> str:
+def phase_on(est, gpu_memory_bytes, total=None) -> str:
     """The moment a fit verdict on this card weighs: the largest, leaving out a start-up flatten made on the CPU."""
-    on_cpu = flattens_on_cpu(est, gpu_memory_bytes)
+    on_cpu = flattens_on_cpu(est, gpu_memory_bytes, total)
     weighed = [name for name in est.phases if not (on_cpu and name == "init")]
     return max(weighed, key=lambda name: est.phases[name]["total"])
 
 
-def start_up_host_per_node_bytes(est, gpu_memory_bytes) -> int:
+def start_up_host_per_node_bytes(est, gpu_memory_bytes, total=None) -> int:
     """Host memory the start-up needs per node where the flatten falls back to the CPU on this card (0 elsewhere):
     each rank's parameters (`cpu_data`) and the CPU flat buffer at once, for every GPU of the node."""
-    if not flattens_on_cpu(est, gpu_memory_bytes):
+    if not flattens_on_cpu(est, gpu_memory_bytes, total):
         return 0
     return int(est.phases["init"]["total"] * est.inputs["gpus_per_node"])
 

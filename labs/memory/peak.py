@@ -160,8 +160,9 @@ def deepspeed(params, layout, dims, stage, world, d, mixed, state_bytes, offload
 
 def _gathered(module: int, live: float, prefetch: float) -> float:
     """Elements gathered while a ZeRO-3 module computes: the module itself, always (DeepSpeed 0.19.8 never releases a
-    parameter early to honour `stage3_max_live_parameters`), plus what it prefetches for the next modules: at most
-    prefetch_bucket_size elements, and no more than the live limit leaves above what is already gathered
+    parameter early to honour `stage3_max_live_parameters`), plus what it prefetches for the next modules: about
+    prefetch_bucket_size elements (DeepSpeed checks the bound before adding each parameter, so it can pass it by one
+    parameter; not modelled), and no more than the live limit leaves above what is already gathered
     (partitioned_param_coordinator.py, `max_params_to_prefetch`). Chapter 2 measured live=1: the same peak as
     prefetching off."""
     return module + min(prefetch, max(0, live - module))
