@@ -59,7 +59,24 @@ def forked(run_dir: str):
         signal.signal(sig, signal.SIG_DFL)
     if os.environ.get("OMP_NUM_THREADS", "").isdigit():
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    os.environ.update(no_name_lookups(os.environ))
     run(Path(run_dir))
+
+
+def no_name_lookups(env) -> dict:
+    """What a forked rank sets so that it never looks a host name up. The agent it was forked from has threads, and
+    one may hold glibc's resolver lock at the fork: the rank's copy of that lock then stays locked, and its first
+    getaddrinfo of a name waits for ever (seen 2026-12-07: a 4-rank run whose last rank hung in getaddrinfo
+    ("localhost") on its way to the rendezvous store while the other three waited for it). A numeric address needs
+    no lookup: the store's "localhost" becomes 127.0.0.1, and where every rank runs on this host gloo takes the
+    loopback interface rather than resolving this machine's name (a GLOO_SOCKET_IFNAME the user set is kept)."""
+    changes = {}
+    if env.get("MASTER_ADDR") == "localhost":
+        changes["MASTER_ADDR"] = "127.0.0.1"
+    one_host = env.get("WORLD_SIZE") is not None and env.get("WORLD_SIZE") == env.get("LOCAL_WORLD_SIZE")
+    if one_host and "GLOO_SOCKET_IFNAME" not in env and os.path.exists("/sys/class/net/lo"):
+        changes["GLOO_SOCKET_IFNAME"] = "lo"
+    return changes
 
 
 if __name__ == "__main__":

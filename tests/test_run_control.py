@@ -282,3 +282,16 @@ def test_ctrl_c_in_a_command_that_starts_no_run_says_nothing_was_started():
                           env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=60)
     assert (done.returncode, done.stderr, done.stdout) == (130, "labs: interrupted: nothing was started or written\n",
                                                            "")
+
+
+def test_a_forked_rank_needs_no_host_name_lookup():
+    """A rank forked from the multi-threaded agent must not call getaddrinfo on a name (an inherited, locked resolver
+    lock hangs it): the rendezvous store's address is made numeric, and on one host gloo uses the loopback interface.
+    Across hosts gloo keeps resolving (the loopback would not reach them), and a user's interface is kept."""
+    from labs import rank
+
+    one_host = {"MASTER_ADDR": "localhost", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "4"}
+    assert rank.no_name_lookups(one_host) == {"MASTER_ADDR": "127.0.0.1", "GLOO_SOCKET_IFNAME": "lo"}
+    assert rank.no_name_lookups({**one_host, "GLOO_SOCKET_IFNAME": "eth1"}) == {"MASTER_ADDR": "127.0.0.1"}
+    two_hosts = {"MASTER_ADDR": "node0", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"}
+    assert rank.no_name_lookups(two_hosts) == {}
