@@ -275,17 +275,23 @@ def _write_slurm(args, argv) -> int:
                                     port=args.master_port, workdir=str(Path.cwd()))
     given = Path(args.slurm)
     target = given.resolve()                      # through a link to the file it names
-    if given.exists() and not given.is_file():    # /dev/stdout, a pipe: written as it is
-        given.write_text(script)
-    else:                     # whole or not at all: an earlier script there stays as it was until this one is written
-        partial = target.with_name(f".{target.name}.partial-{os.getpid()}")
-        try:
-            partial.write_text(script)
-            if target.exists():
-                partial.chmod(target.stat().st_mode & 0o7777)      # keep the earlier file's mode (e.g. +x)
-            os.replace(partial, target)
-        finally:
-            partial.unlink(missing_ok=True)
+    stream = str(given).startswith(("/dev/", "/proc/")) or (given.exists() and not given.is_file())
+    if not stream and not target.parent.is_dir():
+        raise LabsError(f"--slurm {args.slurm}: the folder '{target.parent}' does not exist; create it first")
+    if stream:                                    # /dev/stdout, a pipe to sbatch: written as it is, the note to stderr
+        with open(given, "a") as stream_file:    # appended: a shell's `>` has emptied the file already, `>>` keeps it
+            stream_file.write(script)
+        print(f"wrote the script to {args.slurm}", file=sys.stderr)
+        return 0
+    # whole or not at all: an earlier script there stays as it was until this one is written
+    partial = target.with_name(f".{target.name}.partial-{os.getpid()}")
+    try:
+        partial.write_text(script)
+        if target.exists():
+            partial.chmod(target.stat().st_mode & 0o7777)      # keep the earlier file's mode (e.g. +x)
+        os.replace(partial, target)
+    finally:
+        partial.unlink(missing_ok=True)
     print(f"wrote {args.slurm}: submit it with `sbatch {args.slurm}`")
     return 0
 

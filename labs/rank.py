@@ -9,6 +9,7 @@ import gc
 gc.disable()    # start-up makes ~700,000 objects and next to no garbage: labs.train.main turns the collector back on
                 # once the engine is built (train.settle_startup_objects)
 
+import ipaddress
 import json
 import multiprocessing
 import os
@@ -68,15 +69,27 @@ def no_name_lookups(env) -> dict:
     one may hold glibc's resolver lock at the fork: the rank's copy of that lock then stays locked, and its first
     getaddrinfo of a name waits for ever (seen 2026-12-07: a 4-rank run whose last rank hung in getaddrinfo
     ("localhost") on its way to the rendezvous store while the other three waited for it). A numeric address needs
-    no lookup: the store's "localhost" becomes 127.0.0.1, and where every rank runs on this host gloo takes the
-    loopback interface rather than resolving this machine's name (a GLOO_SOCKET_IFNAME the user set is kept)."""
-    changes = {}
-    if env.get("MASTER_ADDR") == "localhost":
-        changes["MASTER_ADDR"] = "127.0.0.1"
-    one_host = env.get("WORLD_SIZE") is not None and env.get("WORLD_SIZE") == env.get("LOCAL_WORLD_SIZE")
-    if one_host and "GLOO_SOCKET_IFNAME" not in env and os.path.exists("/sys/class/net/lo"):
+    no lookup: where every rank runs on this host (one node, or emulated nodes whose store is on the loopback) the
+    store's address becomes 127.0.0.1 and gloo takes the loopback interface rather than resolving this machine's
+    name (a GLOO_SOCKET_IFNAME the user set is kept). Across hosts nothing changes."""
+    address = env.get("MASTER_ADDR", "")
+    one_host = (env.get("WORLD_SIZE") is not None and env.get("WORLD_SIZE") == env.get("LOCAL_WORLD_SIZE")) \
+        or address == "localhost" or _is_loopback(address)
+    if not one_host:
+        return {}
+    # torchrun --standalone names the store by this machine's name (socket.getfqdn()); its server listens on every
+    # address of the host, the loopback's included
+    changes = {"MASTER_ADDR": "127.0.0.1"} if address != "127.0.0.1" else {}
+    if "GLOO_SOCKET_IFNAME" not in env and os.path.exists("/sys/class/net/lo"):
         changes["GLOO_SOCKET_IFNAME"] = "lo"
     return changes
+
+
+def _is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:          # a name: not known without a lookup
+        return False
 
 
 if __name__ == "__main__":

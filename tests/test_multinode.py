@@ -530,3 +530,14 @@ def test_an_emulation_past_its_timeout_stops_every_node(tmp_path):
     while (left := processes_naming(str(out))) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not left, f"processes of the emulation outlived it: {left}"
+
+
+def test_slurm_script_into_a_missing_folder_is_refused_and_a_stream_gets_the_script_alone(tmp_path, capfd):
+    """--slurm into a folder that does not exist: one line, exit code 2, nothing written. Into a stream (a pipe to
+    sbatch, /dev/stdout) the script goes out as it is, and labs' note goes to stderr, not into the script."""
+    args = ["--nnodes", "2", "--nproc", "8", "--preset", "tiny"]
+    assert main(["train", "--slurm", str(tmp_path / "missing" / "job.sbatch"), *args]) == 2
+    assert "does not exist" in capfd.readouterr().err and not (tmp_path / "missing").exists()
+    assert main(["train", "--slurm", "/dev/stdout", *args]) == 0
+    out, err = capfd.readouterr()
+    assert out.startswith("#!/bin/bash") and "wrote" not in out and "wrote the script to /dev/stdout" in err

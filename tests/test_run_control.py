@@ -293,5 +293,9 @@ def test_a_forked_rank_needs_no_host_name_lookup():
     one_host = {"MASTER_ADDR": "localhost", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "4"}
     assert rank.no_name_lookups(one_host) == {"MASTER_ADDR": "127.0.0.1", "GLOO_SOCKET_IFNAME": "lo"}
     assert rank.no_name_lookups({**one_host, "GLOO_SOCKET_IFNAME": "eth1"}) == {"MASTER_ADDR": "127.0.0.1"}
+    named = {**one_host, "MASTER_ADDR": "trainer-17.example.org"}      # --standalone: this machine's own name
+    assert rank.no_name_lookups(named) == {"MASTER_ADDR": "127.0.0.1", "GLOO_SOCKET_IFNAME": "lo"}
+    emulated = {"MASTER_ADDR": "127.0.0.1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"}   # chapter 6's nodes
+    assert rank.no_name_lookups(emulated) == {"GLOO_SOCKET_IFNAME": "lo"}
     two_hosts = {"MASTER_ADDR": "node0", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"}
     assert rank.no_name_lookups(two_hosts) == {}

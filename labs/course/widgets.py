@@ -46,6 +46,9 @@ def bar_data(**values) -> dict:
         raise LabsError(f"offload '{v['offload']}' needs ZeRO stage {'3' if offload_param else '1 or more'} (got "
                         f"stage {v['stage']}); at this stage choose: {', '.join(offload_options(v['stage']))}")
     checkpointing = int(v["checkpointing"]) if str(v["checkpointing"]).isdigit() else v["checkpointing"]
+    if v["gpus"] > GPUS_PER_NODE and v["gpus"] % GPUS_PER_NODE:
+        raise LabsError(f"gpus {v['gpus']}: above {GPUS_PER_NODE} the calculator counts whole nodes of "
+                        f"{GPUS_PER_NODE} GPUs; give a multiple of {GPUS_PER_NODE}")
     per_node = min(v["gpus"], GPUS_PER_NODE)    # more GPUs than a node holds: nodes of 8, as clusters have
     est = memory.estimate(v["preset"], stage=v["stage"], gpus_per_node=per_node, nodes=-(-v["gpus"] // per_node),
                           precision=v["precision"],

@@ -77,7 +77,7 @@ def run(args) -> int:
             out["verdict"] = advice.as_dict()
             out["fits"] = advice.fits_as_is
         if host is not None:
-            out["host_fits"] = host_need <= host
+            out["host_need_per_node_bytes"], out["host_fits"] = host_need, host_need <= host
         print(json.dumps(out, indent=1, default=str))
     else:
         print(format_table(est, advice))
