@@ -155,11 +155,10 @@ def gradient_moments(preset="qwen2.5-7b", gpus=8, stages=(1, 2), **options) -> l
 
 def optimizer_ratios(preset="tiny", gpus=2, precisions=("fp32", "bf16")) -> list[dict]:
     """labs.memory's optimizer bytes per rank (fp32 master included) at ZeRO-0 and ZeRO-1, per precision."""
-    rows = []
+    rows, params = [], models.param_counts(models.shape(preset))["total"]
     for precision in precisions:
         held = [memory.estimate(preset, stage=stage, gpus_per_node=gpus, precision=precision)
                 .resident_per_rank[0]["optimizer_bytes"] for stage in (0, 1)]
-        params = models.param_counts(models.shape(preset))["total"]
         rows.append(dict(precision=precision, zero0_bytes=held[0], zero1_bytes=held[1], ratio=held[1] / held[0],
                          zero0_per_param=held[0] / params, zero1_per_param=held[1] / params))
     return rows

@@ -88,7 +88,7 @@ def advise(gpu_memory_bytes, reserve_bytes=None, **inputs) -> Advice:
     usable = usable_bytes(gpu_memory_bytes, reserve_bytes)
     current = estimate(**inputs)
     base = current.inputs
-    advice = Advice(gpu_memory_bytes, usable, current.fit_bytes_on(gpu_memory_bytes) <= usable, current)
+    advice = Advice(gpu_memory_bytes, usable, current.fits(gpu_memory_bytes, reserve_bytes), current)
     if advice.fits_as_is:
         return advice
     dims = current.inputs["dims"] or (models.shape(base["preset"]) if base["preset"] else None)
@@ -106,7 +106,7 @@ def advise(gpu_memory_bytes, reserve_bytes=None, **inputs) -> Advice:
             for off_opt in optimizer_offloads:
                 for off_param in param_offloads:
                     settings = dict(stage=stage, loss=loss, offload_optimizer=off_opt, offload_param=off_param)
-                    k = _fewest_layers(settings, base, now, layers, gpu_memory_bytes, usable)
+                    k = _fewest_layers(settings, base, now, layers, gpu_memory_bytes, reserve_bytes)
                     if k is None:
                         continue
                     settings["activation_checkpointing"] = _how(k, layers, base["activation_checkpointing"])
@@ -132,7 +132,7 @@ def fewest_checkpointed(gpu_memory_bytes, reserve_bytes=None, **inputs) -> tuple
     layers = dims["num_hidden_layers"]
     now = models.checkpointed_layers(base["activation_checkpointing"], layers)
     card = parse_bytes(gpu_memory_bytes)
-    k = _fewest_layers({}, base, now, layers, card, usable_bytes(card, reserve_bytes))
+    k = _fewest_layers({}, base, now, layers, card, reserve_bytes)
     if k is None:
         return None
     return k, estimate(**{**base, "activation_checkpointing": _how(k, layers, base["activation_checkpointing"])})
@@ -148,11 +148,11 @@ def slowdown_rules() -> list[dict]:
             dict(change="parameter offload", factor=f"{SLOWDOWN['offload_param']}x, on top of optimizer offload's")]
 
 
-def _fewest_layers(settings, base, now, layers, card, usable):
+def _fewest_layers(settings, base, now, layers, card, reserve_bytes):
     """The fewest checkpointed layers (at least the current number) that fit `card`; None if even all do not."""
     def fits(k):
         how = _how(k, layers, base["activation_checkpointing"])
-        return estimate(**{**base, **settings, "activation_checkpointing": how}).fit_bytes_on(card) <= usable
+        return estimate(**{**base, **settings, "activation_checkpointing": how}).fits(card, reserve_bytes)
 
     low, high = now, max(now, layers)
     if not fits(high):

@@ -49,9 +49,13 @@ def flattens_on_cpu(est, gpu_memory_bytes, total=None) -> bool:
 
 def phase_on(est, gpu_memory_bytes, total=None) -> str:
     """The moment a fit verdict on this card weighs: the largest, leaving out a start-up flatten made on the CPU."""
-    on_cpu = flattens_on_cpu(est, gpu_memory_bytes, total)
-    weighed = [name for name in est.phases if not (on_cpu and name == "init")]
-    return max(weighed, key=lambda name: est.phases[name]["total"])
+    return _largest(est, leave_out_init=flattens_on_cpu(est, gpu_memory_bytes, total))
+
+
+def _largest(est, leave_out_init: bool) -> str:
+    """The moment of the largest total, the start-up flatten (`init`) left out if asked."""
+    return max((name for name in est.phases if not (leave_out_init and name == "init")),
+               key=lambda name: est.phases[name]["total"])
 
 
 def start_up_host_per_node_bytes(est, gpu_memory_bytes, total=None) -> int:
@@ -67,7 +71,7 @@ def note(est) -> str | None:
     init = est.phases.get("init", {}).get("total", 0)
     if not est.init_falls_back or init < est.total_per_gpu_bytes:
         return None
-    rest = max((name for name in est.phases if name != "init"), key=lambda name: est.phases[name]["total"])
+    rest = _largest(est, leave_out_init=True)
     return (f"the peak is the start-up flatten (init, {init / 2**30:.1f} GiB): on a card of less memory in all, "
             f"DeepSpeed makes it on the CPU ({est.inputs['gpus_per_node'] * init / 2**30:.1f} GiB of host memory per "
             f"node while its ranks start) and the fit weighs {rest} ({est.phases[rest]['total'] / 2**30:.1f} GiB); "
