@@ -19,10 +19,12 @@ The output folder may be new or an earlier export (its labs_export.json says so)
 from __future__ import annotations
 
 import contextlib
+import glob
 import io
 import json
 import os
 import shutil
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -109,6 +111,7 @@ def to_hf(run_dir, out_dir, dtype: str = "bf16", tokenizer: bool = True) -> Expo
                         f"{sorted(expected - set(state))[:3]}, unexpected {sorted(set(state) - expected)[:3]}")
     model.load_state_dict(state, strict=False, assign=True)
     model.tie_weights()
+    _recover(out)
     work = out.with_name(f".{out.name}.partial-{os.getpid()}")
     shutil.rmtree(work, ignore_errors=True)
     earlier = None
@@ -122,7 +125,7 @@ def to_hf(run_dir, out_dir, dtype: str = "bf16", tokenizer: bool = True) -> Expo
             run=str(run_folder.resolve()), checkpoint=str(path.resolve()), step=manifest["step"], dtype=dtype,
             weights_bytes=weights, exported=time.strftime("%Y-%m-%dT%H:%M:%S%z")), indent=1) + "\n")
         if out.exists():          # an earlier export (_check_out): set aside, not deleted, until the new one is in
-            earlier = Path(tempfile.mkdtemp(prefix=f".{out.name}.replaced-", dir=out.parent))
+            earlier = Path(tempfile.mkdtemp(prefix=f".{out.name}.replaced-{os.getpid()}-", dir=out.parent))
             out.rename(earlier)   # onto the new empty folder: a name no other export uses
         work.rename(out)
     finally:
@@ -145,6 +148,45 @@ def save_tokenizer(folder: Path):
                                 extra_special_tokens=encoding._special_tokens).converted()
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token=data.ENDOFTEXT, pad_token=data.ENDOFTEXT)
     tokenizer.save_pretrained(folder)
+
+
+def _recover(out: Path):
+    """What an export killed outright (SIGKILL, power) left beside `out`: its half-written folder (named by a pid
+    no longer running) is removed; an earlier export it had set aside goes back where it was if `out` is missing, and
+    is removed if the new one took its place. Only folders of labs' names holding labs' own files are touched."""
+    for work in _left_by_dead_exports(out, "partial"):
+        shutil.rmtree(work, ignore_errors=True)
+    for earlier in sorted(_left_by_dead_exports(out, "replaced"), key=lambda p: p.stat().st_mtime):
+        if not (earlier / PROVENANCE).is_file():
+            with contextlib.suppress(OSError):
+                earlier.rmdir()          # killed before the earlier export moved in: still empty
+            continue
+        if out.exists():
+            shutil.rmtree(earlier, ignore_errors=True)
+        else:
+            earlier.rename(out)
+            print(f"labs: '{out}' put back from {earlier.name}, where an export stopped before finishing had set it "
+                  "aside", file=sys.stderr)
+
+
+def _left_by_dead_exports(out: Path, kind: str) -> list[Path]:
+    """Folders `.OUT.partial-PID` or `.OUT.replaced-PID-XXXX` whose export (PID) is no longer running."""
+    found = []
+    for path in out.parent.glob(f".{glob.escape(out.name)}.{kind}-*"):
+        pid = path.name[len(f".{out.name}.{kind}-"):].split("-")[0]
+        if pid.isdigit() and not _running(int(pid)):
+            found.append(path)
+    return found
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:          # another user's process
+        return True
+    return True
 
 
 def _check_out(out: Path) -> Path:

@@ -137,6 +137,38 @@ def test_an_export_stopped_as_it_takes_its_place_keeps_the_earlier_one(zero3_kil
     assert json.loads((tmp_path / "hf" / export.PROVENANCE).read_text())["dtype"] == "fp32"
     assert [p.name for p in tmp_path.iterdir()] == ["hf"]
 
+
+def test_an_export_killed_outright_is_recovered_by_the_next(zero3_killed, tmp_path, capsys):
+    """SIGKILL leaves no finally: an export killed between its two renames leaves the earlier export set aside
+    (.hf.replaced-PID-*) and no hf; killed while writing, its half-written .hf.partial-PID. The next export puts
+    the earlier one back before it starts and removes the dead export's folders; a running export's are left alone,
+    as is anything not of labs' names."""
+    import os
+    import subprocess
+    import sys
+
+    from labs import export
+
+    step = zero3_killed["resumed"].path / "checkpoints" / "step00000004"
+    export.to_hf(step, tmp_path / "hf", tokenizer=False)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    (tmp_path / "hf").rename(tmp_path / f".hf.replaced-{dead}-abc")
+    (tmp_path / f".hf.partial-{dead}").mkdir()
+    running = tmp_path / f".hf.replaced-{os.getppid()}-xyz"
+    running.mkdir()                                                # a live export's (its parent here): left alone
+    (tmp_path / ".hf.notes").mkdir()                               # not labs' name: left alone
+    again = export.to_hf(step, tmp_path / "hf", dtype="fp32", tokenizer=False)
+    assert "put back from .hf.replaced-" in capsys.readouterr().err
+    assert json.loads((again.path / export.PROVENANCE).read_text())["dtype"] == "fp32"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".hf.notes", running.name, "hf"]
+    (tmp_path / f".hf.replaced-{dead}-def").mkdir()                # killed after the new one moved in
+    (tmp_path / f".hf.replaced-{dead}-def" / export.PROVENANCE).write_text("{}")
+    export.to_hf(step, tmp_path / "hf", tokenizer=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".hf.notes", running.name, "hf"]
+    assert "put back" not in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("stage", [2, 3])
 def test_the_universal_copy_holds_what_expected_bytes_per_param_says(stage, zero3_killed, tmp_path):
     """DeepSpeed 0.19.8's ds_to_universal, measured: at ZeRO-3 it copies rank 0's optimizer file whole (12 x
