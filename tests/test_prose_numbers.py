@@ -41,7 +41,7 @@ ALLOWED = {
     ("06_multi_node", "30s"): "a setting: the hang probe's timeout, timeout_s=30 in the cell",
     ("06_multi_node", "25GB/s"): "a setting: the slow network the sweep assumes, inter_gbps=25 in the cell",
     ("07_fsdp", "80GB"): "hardware: the card most readers have (A100 / H100 80 GB), which the H200 peaks exceed",
-    ("06_multi_node", "4x"): "the ZeRO++ paper's headline (3M to 0.75M), quoted; the next cell prints the model's 4.04-4.74",
+    ("06_multi_node", "4x"): "the ZeRO++ paper's headline (3M to 0.75M), quoted; the next cell prints the model's 3.94-4.74",
     ("09_qwen7b_on_gpu", "1,979"): "hardware: the H200's dense fp8 peak in TFLOP/s, from NVIDIA's data sheet",
     ("09_qwen7b_on_gpu", "24GB"): "hardware: a consumer card's memory, the premise of a question no run measured",
     ("09_qwen7b_on_gpu", "24GiB"): "the cap that unmeasured consumer-card question would use, a premise",
@@ -120,6 +120,21 @@ def test_prose_numbers_are_printed_by_a_cell(path):
     missing = [m for m in unshown(json.loads(path.read_text())) if (path.stem, m[1]) not in ALLOWED]
     assert not missing, "prose numbers no cell prints (print them, reword the prose, or allow them with a reason):\n" \
         + "\n".join(f"  cell {cell}: {number}  ... {context} ..." for cell, number, context in missing)
+
+
+BOOK_PAGES = sorted((ROOT / "book").glob("*.md"))
+
+
+@pytest.mark.parametrize("path", BOOK_PAGES, ids=[p.stem for p in BOOK_PAGES])
+def test_book_pages_quote_only_numbers_a_chapter_prints(path):
+    """The book's hand-written pages (intro, cheat sheet, glossary ...) have no cells: a number there must be one
+    some chapter prints or computes in a cell's source."""
+    texts = [_outputs_and_sources(json.loads(p.read_text())) for p in NOTEBOOKS]
+    outputs, sources = " ".join(o for o, _ in texts), " ".join(s for _, s in texts)
+    text = path.read_text()
+    missing = [number + (unit or "") for number, unit, _ in prose_numbers(text)
+               if not (shown(number, unit, outputs) or shown(number, unit, sources))]
+    assert BOOK_PAGES and not missing, f"{path.name}: numbers no chapter prints: {missing}"
 
 
 def test_every_allowed_number_is_still_needed():
