@@ -109,7 +109,10 @@ def claim(out: Path):
     earlier, killed labs process left, and yield a fresh working folder. The working folder is removed on any
     failure; `publish` moves it into place on success. Call `check_out` first."""
     out = Path(out).absolute()
-    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise _unwritable(out, e) from None
     with _lock(out.parent / f".{out.name}.lock", out):
         for stale in out.parent.glob(f".{out.name}.partial-*"):
             if (stale / MARKER).is_file():
@@ -135,11 +138,19 @@ def publish(work: Path, out: Path):
     shutil.rmtree(old, ignore_errors=True)
 
 
+def _unwritable(out: Path, error: OSError) -> LabsError:
+    # check_out's access() says yes to root everywhere; /proc, a read-only mount or a full disk still refuse
+    return LabsError(f"--out '{out}': cannot write there ({error.strerror}: '{error.filename}'); choose another --out")
+
+
 @contextlib.contextmanager
 def _lock(path: Path, out: Path):
     """An exclusive flock on `path`, released when the block ends or the process dies (even by SIGKILL)."""
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise _unwritable(out, e) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

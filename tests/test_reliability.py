@@ -367,6 +367,16 @@ def test_out_in_a_folder_that_cannot_be_written(tmp_path, monkeypatch):
         runfolder.check_out(locked / "run")
 
 
+def test_out_where_access_says_yes_and_the_file_system_says_no(tmp_path, capsys):
+    """Root passes every access() check; /proc still refuses to create the lock file. One line, exit 2, not a
+    traceback (another user is refused by the access() check)."""
+    import os
+
+    refused = _refused(tmp_path, capsys, out="/proc/labs-run")
+    assert ("--out '/proc/labs-run': cannot write there (No such file or directory" in refused if os.geteuid() == 0
+            else "'/proc' is not a writable folder" in refused)
+
+
 def test_publish_replaces_an_earlier_run_and_clears_stale_partials(tmp_path):
     out = tmp_path / "run"
     out.mkdir()
