@@ -1,5 +1,6 @@
 """labs bench on CPU (tiny preset), and checks of the committed GPU results."""
 import json
+import tempfile
 
 import pytest
 
@@ -32,6 +33,26 @@ def test_unknown_case_is_one_clear_error(tmp_path):
     result = run_labs("bench", "--preset", "tiny", "--cases", "warp-drive", "--out", tmp_path / "x.json")
     assert result.returncode == 2 and "unknown bench case 'warp-drive'" in result.stderr
     assert not (tmp_path / "x.json").exists()
+
+
+@pytest.mark.parametrize("where, message", [
+    (dict(out="/proc/labs-bench.json"), "--out '/proc/labs-bench.json': cannot write there"),
+    (dict(out="."), "--out '.' is a folder; name the JSON file to write"),
+    (dict(work="/proc/labs-bench"), "--work '/proc/labs-bench': cannot write there"),
+])
+def test_a_result_file_or_work_folder_that_cannot_be_written_is_refused_before_any_case(where, message,
+                                                                                          monkeypatch, tmp_path):
+    """The result file was first written after the first case had run (minutes of GPU time, then a traceback).
+    /proc refuses files even to root, whom access() lets through."""
+    from labs import launch
+    from labs.bench import runner
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))    # where the default work folder is made
+    monkeypatch.setattr(launch, "run", lambda **_: pytest.fail("a case ran"))
+    with pytest.raises(LabsError, match=message):
+        runner.run_cases(["stock-zero3"], preset="tiny", steps=3, **where)
+    assert not list(tmp_path.iterdir())
 
 
 def test_offload_variants_change_one_lever_each():

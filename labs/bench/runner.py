@@ -24,7 +24,7 @@ import torch
 from labs import env, launch, memory, resolve
 from labs.bench import planner, sweep
 from labs.bench.cases import PAIRS, case_options, describe
-from labs.errors import RankFailed
+from labs.errors import LabsError, RankFailed
 from labs.table import Table
 
 def run_cases(names: list[str], preset="qwen2.5-7b", steps=8, seq_len=None, micro_batch=None, out=None,
@@ -32,11 +32,20 @@ def run_cases(names: list[str], preset="qwen2.5-7b", steps=8, seq_len=None, micr
     """Run the named cases one after the other; returns (and writes to `out`, after every case) the result with
     every case's summary, per-step metrics, resolved config and predicted memory. The run folders go to `work`
     (default: a new folder under the system's temporary directory, never into the course checkout)."""
+    made = not work
     work = Path(work) if work else Path(tempfile.mkdtemp(prefix="labs-bench-"))
-    options = {name: dict(case_options(name, preset, steps, seq_len, micro_batch), gpu_memory=gpu_memory)
-               for name in names}
-    for name, opts in options.items():   # every case's input is checked before the first one runs
-        launch.prepare(out=work / name, **opts)
+    try:                                 # every case's input is checked before the first one runs
+        options = {name: dict(case_options(name, preset, steps, seq_len, micro_batch), gpu_memory=gpu_memory)
+                   for name in names}
+        _can_write("--work", work, folder=True)
+        for name, opts in options.items():
+            launch.prepare(out=work / name, **opts)
+        if out:
+            _can_write("--out", Path(out))
+    except LabsError:
+        if made:
+            work.rmdir()                 # the empty temporary folder made above: nothing is left
+        raise
     result = dict(what="labs bench: stock reference and labs fast path on the same machine, one after the other",
                   date=time.strftime("%Y-%m-%dT%H:%M:%S%z"), command=shlex.join([Path(sys.argv[0]).name] + sys.argv[1:]),
                   host=host_info(), preset=preset, steps=steps, timing="median step time of steps 3..N",
@@ -81,6 +90,23 @@ def run_sweep(preset="qwen2.5-7b", gpus=None, gpu_memory=None, batch_per_gpu=8, 
     if run_options.get("out"):
         Path(run_options["out"]).write_text(json.dumps(result, indent=1) + "\n")
     return result
+
+
+def _can_write(option: str, path: Path, folder=False):
+    """Refuse, before any case runs, a result file or work folder that cannot be written (a case takes minutes of
+    GPU time, and the result file was first written after it). A trial file in the nearest folder that exists, not
+    access(), which says yes to root everywhere; nothing is left behind."""
+    if path.is_dir() and not folder:
+        raise LabsError(f"{option} '{path}' is a folder; name the JSON file to write")
+    parent = path if folder else path.parent
+    while not parent.exists():
+        parent = parent.parent
+    try:
+        with tempfile.NamedTemporaryFile(dir=parent, prefix=".labs-bench-check-"):
+            pass
+    except OSError as e:
+        raise LabsError(f"{option} '{path}': cannot write there ({e.strerror}: '{parent}'); choose another path") \
+            from None
 
 
 def finished_case(run) -> dict:
