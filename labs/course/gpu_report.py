@@ -12,7 +12,7 @@ import re
 
 from labs import RESULTS, models
 from labs.bench import cases, results
-from labs.course import offload_verdict, zenflow_columns_report, zenflow_moments_report, zenflow_report
+from labs.course import offload_verdict, zenflow_columns_report, zenflow_long, zenflow_moments_report, zenflow_report
 from labs.metrics import read_jsonl
 from labs.table import Table
 
@@ -268,9 +268,10 @@ def make_train_runs(folder=MAKE_TRAIN / "2026-12-01_1xh200") -> dict[str, list[d
 
 def targets() -> list[dict]:
     """The GPU round's targets, each with the numbers that decide it: 2 x H200, Qwen2.5-7B shape, sequence 4096,
-    except the offload targets (runs m and n, and ZenFlow's rounds 12-19: 1 x H200, Qwen2.5-3B shape; the rounds of
-    offload_verdict.rounds_text(): the 7B on one real H100). The 80 GB row ran on H200s under the plain cap: whether
-    its cases fit a real 80 GB card was not run (labs.course.cap_checks.over_card)."""
+    except the offload targets (runs m and n, and ZenFlow's rounds 12-19: 1 x H200, Qwen2.5-3B shape; round 27c: the
+    same on a real H100 80GB; the rounds of offload_verdict.rounds_text(): the 7B on one real H100). The 80 GB row
+    ran on H200s under the plain cap: whether its cases fit a real 80 GB card was not run
+    (labs.course.cap_checks.over_card)."""
     sweep_ratio = (best(RUNS["sweep"], "labs")["tokens_per_s_per_gpu"]
                    / best(RUNS["sweep"], "stock")["tokens_per_s_per_gpu"])
     labs_best = best(RUNS["sweep"], "labs")
@@ -292,4 +293,5 @@ def targets() -> list[dict]:
     ] + offload_targets() + [offload_verdict.target(), zenflow_report.round12_target(),
                              zenflow_report.round14_target(),
                              zenflow_report.round15_target(), zenflow_report.round17_target(),
-                             zenflow_columns_report.round18_target(), zenflow_moments_report.round19_target()]
+                             zenflow_columns_report.round18_target(), zenflow_moments_report.round19_target(),
+                             zenflow_long.target()]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from labs import RESULTS
 from labs.bench import results
-from labs.course import autotune_report, gpu_report, offload_verdict, one_gpu_report, zenflow_report
+from labs.course import autotune_report, gpu_report, offload_verdict, one_gpu_report, zenflow_long, zenflow_report
 from labs.course.one_card_runs import H100, H200
 
 R, ONE = gpu_report.RUNS, one_gpu_report
@@ -52,6 +52,7 @@ FOLDERS = (
     (gpu_report.MAKE_TRAIN, "`make train` on 2 x H200, and its one-lever runs on one H200"),
     (zenflow_report.FOLDER, "ZenFlow from random weights: run o's case alone, host sampled, and round 12"),
     (zenflow_report.FINETUNE, "ZenFlow fine-tuning (rounds 14-19, the targets table)"),
+    (zenflow_long.ROUND27C.parent, "ZenFlow's fine-tune over 96 steps on a real H100 (round 27c, the targets table)"),
     (H200, "labs' own 2 x 4 of the 7B row (the loss check of the 7B offload target)"),
     (H100, f"the 7B on one real H100: rounds {offload_verdict.rounds_text()} (the 7B offload target and recipe)"),
     (RESULTS / "cpu" / "granular_2ranks", "the granular fetch on 2 CPU ranks"),

@@ -12,6 +12,7 @@ not the update's arithmetic: the first 48 steps repeat round 23's (repeat_gaps).
     zenflow_long.gaps()          # ZenFlow's mean loss above no offload's, per 8-step window
     zenflow_long.repeat_gaps()   # the largest per-step loss difference from round 23's same runs
     zenflow_long.equal_time()    # plain offload's steps in ZenFlow's time for 96, and the loss each reached
+    zenflow_long.target()        # chapter 9's ZenFlow target over these 96 steps
 """
 from __future__ import annotations
 
@@ -87,3 +88,10 @@ def equal_time() -> dict:
     worth = next(k for k in range(WINDOW, STEPS + 1) if _window(ref, k - WINDOW + 1, k) <= zen_loss)
     return dict(plain_steps=steps, plain_loss=_window(ref, reached - WINDOW + 1, reached), zen_loss=zen_loss,
                 worth=worth, tie=STEPS / worth, had=zen["share"] / plain["share"])
+
+
+def target() -> dict:
+    """Chapter 9's ZenFlow target (zenflow_report.round14_target: >= 90% of no offload's tokens/s, loss within
+    LOSS_TOLERANCE) over this round, the loss judged over its last 16 steps."""
+    return z.round14_target(ROUND27C, (REFERENCE, ZENFLOW), range(STEPS - 15, STEPS + 1),
+                            "round 27c, 96 steps on a real H100 80GB, full checkpointing", {ZENFLOW: RUNS[ZENFLOW]})
