@@ -16,6 +16,8 @@ not the update's arithmetic: the first 48 steps repeat round 23's (repeat_gaps).
 """
 from __future__ import annotations
 
+import json
+
 from labs import RESULTS
 from labs.course import zenflow_report as z
 from labs.course import zenflow_verdict as verdict
@@ -23,10 +25,11 @@ from labs.metrics import read_jsonl
 
 ROUND27C = RESULTS / "gpu" / "zenflow_finetune_1xh100" / "round27c"
 STEPS, WINDOW, CYCLE = 96, 8, 4         # 96 steps, losses over 8-step windows, speed over whole 4-step cycles
-WINDOWS = tuple((end - WINDOW + 1, end) for end in range(48, STEPS + 1, 16))     # steps 41-48, 57-64, 73-80, 89-96
+WINDOWS = tuple((end - WINDOW + 1, end) for end in range(48, STEPS + 1, WINDOW))   # steps 41-48, 49-56 ... 89-96
 RUNS = {"ft_ref96c": "no offload", "ft_off24c": "plain offload (24 steps: its speed)",
         "ft_zfs96c": "ZenFlow, CPU step in the training process"}
 REFERENCE, PLAIN, ZENFLOW = RUNS
+TIMED = range(CYCLE + 1, 25)            # steps 5-24: plain offload ran 24, so every run's speed is over these
 
 
 def _mean(values) -> float:
@@ -35,18 +38,28 @@ def _mean(values) -> float:
 
 
 def _window(losses, first: int, last: int) -> float:
+    assert 1 <= first <= last <= len(losses), (first, last, len(losses))
     return _mean(losses[first - 1:last])
 
 
 def runs() -> dict[str, dict]:
     """Per run: label, micro-batch x accumulation, losses, seconds since the end of step 1 at the end of each step,
-    tokens/s over whole cycles after the first (zenflow_report.zenflow_runs) and its share of no offload's."""
+    tokens/s and its share of no offload's over TIMED (the steps every run made, whole cycles after the first: the
+    same steps for every run), the same over steps 5-96 where a run made them (`tokens_per_s_96`), and the GPU peak
+    allocated and reserved (GiB). The medians in each summary.json count ZenFlow's fast steps only: not used."""
     measured = z.zenflow_runs(tuple(RUNS), ROUND27C, CYCLE)
-    reference = measured[REFERENCE]["tokens_per_s_per_gpu"]
+    speed = {name: r["tokens_per_step"] * len(TIMED) / sum(r["step_s"][k - 1] for k in TIMED)
+             for name, r in measured.items()}
     return {name: dict(label=RUNS[name], batch=f"{r['micro_batch']} x {r['grad_accum']}", losses=r["losses"],
-                       elapsed_s=r["elapsed_s"], tokens_per_s_per_gpu=r["tokens_per_s_per_gpu"],
-                       share=r["tokens_per_s_per_gpu"] / reference, peak_gpu_gib=r["peak_gpu_gib"])
+                       elapsed_s=r["elapsed_s"], tokens_per_s_per_gpu=speed[name], share=speed[name] / speed[REFERENCE],
+                       tokens_per_s_96=r["tokens_per_s_per_gpu"] if len(r["losses"]) == STEPS else None,
+                       peak_gpu_gib=r["peak_gpu_gib"],
+                       reserved_gpu_gib=max(_summary(name)["peak_reserved_bytes"]) / 2**30)
             for name, r in measured.items()}
+
+
+def _summary(name: str) -> dict:
+    return json.loads((ROUND27C / name / "summary.json").read_text())
 
 
 def gaps() -> list[dict]:
@@ -75,18 +88,21 @@ def repeat_gaps() -> dict[str, float]:
 
 
 def equal_time() -> dict:
-    """In ZenFlow's time for 96 steps (each run at its share of no offload's speed), the steps plain offload makes,
-    and the loss it reaches there: no offload's mean over the last 8 of those steps, since plain offload trains step
-    for step as no offload does (repeat_gaps: within a thousandth of a nat over its 24 steps, +0.002 nats over
-    round 23's 48). `worth`: how many of plain offload's steps ZenFlow's 96 are worth (the first k whose 8-step mean
-    is as low as ZenFlow's over steps 89-96); `tie` the speed ratio ZenFlow would need, `had` the one it has."""
+    """In ZenFlow's time for 96 steps (each run at its speed over steps 5-24), the steps plain offload makes, and the
+    loss it reaches there: no offload's mean over the last 8 of those steps, since plain offload trains step for
+    step as no offload does (repeat_gaps: within a thousandth of a nat over its 24 steps, +0.002 nats over round
+    23's 48); `plain_window` names those steps. `worth`: how many of plain offload's steps ZenFlow's 96 are
+    worth (the first k whose 8-step mean is as low as ZenFlow's over steps 89-96); `tie` the speed ratio ZenFlow
+    would need, `had` the one it has."""
     measured = runs()
     zen, plain, ref = measured[ZENFLOW], measured[PLAIN], measured[REFERENCE]["losses"]
     steps = STEPS * plain["share"] / zen["share"]
     reached = int(steps)
     zen_loss = _window(zen["losses"], STEPS - WINDOW + 1, STEPS)
-    worth = next(k for k in range(WINDOW, STEPS + 1) if _window(ref, k - WINDOW + 1, k) <= zen_loss)
-    return dict(plain_steps=steps, plain_loss=_window(ref, reached - WINDOW + 1, reached), zen_loss=zen_loss,
+    worth = next((k for k in range(WINDOW, STEPS + 1) if _window(ref, k - WINDOW + 1, k) <= zen_loss), None)
+    assert worth is not None, "no offload never reached ZenFlow's loss: the stand-in says nothing here"
+    return dict(plain_steps=steps, plain_window=f"{reached - WINDOW + 1}-{reached}",
+                plain_loss=_window(ref, reached - WINDOW + 1, reached), zen_loss=zen_loss,
                 worth=worth, tie=STEPS / worth, had=zen["share"] / plain["share"])
 
 

@@ -56,7 +56,7 @@ def zenflow_runs(names=ROUND4, folder=FOLDER, cycle=4) -> dict[str, dict]:
     """Per run: losses, seconds since the end of step 1 (a warm-up: allocator, first kernels, ZenFlow's optimizer
     process) at the end of each step, tokens/s, and how far the loss fell from step 1 to the mean of the last 5 steps.
     ZenFlow's steps alternate (the CPU update every `cycle`-th step is slow), so speed is the mean over whole cycles
-    after the first (steps 5-20), not a median; the same steps for every run, so runs compare like for like."""
+    after the first (steps 5 to the last: 5-20 in round 4), not a median; the same steps for every run, so runs compare like for like."""
     runs = {}
     for name in names:
         metrics = read_jsonl(folder / name / "metrics.jsonl")
