@@ -32,11 +32,12 @@ from pathlib import Path
 
 import torch
 
-from labs import checkpoint, data, models, resume, zenflow_layout
+from labs import checkpoint, data, models, resume, runfolder, zenflow_layout
 from labs.errors import LabsError, check_choice
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 PROVENANCE = "labs_export.json"
+PARTIAL = ".labs-export-partial"       # in a folder being written; removed just before it takes its place
 PREFIX = "hf."              # labs.models.CausalLM keeps the HF model as `self.hf`
 
 
@@ -90,12 +91,18 @@ def hf_config(manifest: dict, spec: dict):
 def to_hf(run_dir, out_dir, dtype: str = "bf16", tokenizer: bool = True) -> Exported:
     """Write `run_dir`'s newest complete checkpoint (or the checkpoint folder named) as a Hugging Face folder
     (`tokenizer=False`: the weights and config alone)."""
-    from transformers import AutoModelForCausalLM
-
     check_choice("dtype", dtype, DTYPES)
     run_folder = resume.run_folder_of(run_dir, what="export: RUN_DIR")
     path = checkpoint.find(run_dir)
     out = _check_out(Path(out_dir))
+    # one export into `out` at a time: a second is told who holds it, and what a killed one left is safe to recover
+    with runfolder.lock(out.parent / f".{out.name}.lock", out, "export folder"):
+        return _export(run_folder, path, out, dtype, tokenizer)
+
+
+def _export(run_folder: Path, path: Path, out: Path, dtype: str, tokenizer: bool) -> Exported:
+    from transformers import AutoModelForCausalLM
+
     spec = json.loads((run_folder / "run.json").read_text())
     manifest = checkpoint.manifest(path)
     config = hf_config(manifest, spec)
@@ -116,6 +123,8 @@ def to_hf(run_dir, out_dir, dtype: str = "bf16", tokenizer: bool = True) -> Expo
     shutil.rmtree(work, ignore_errors=True)
     earlier = None
     try:
+        work.mkdir()
+        (work / PARTIAL).touch()  # what says a folder of this name is an export's, once its process is gone
         with _quiet():
             model.save_pretrained(work, safe_serialization=True, max_shard_size="5GB")
         if tokenizer:
@@ -125,8 +134,9 @@ def to_hf(run_dir, out_dir, dtype: str = "bf16", tokenizer: bool = True) -> Expo
             run=str(run_folder.resolve()), checkpoint=str(path.resolve()), step=manifest["step"], dtype=dtype,
             weights_bytes=weights, exported=time.strftime("%Y-%m-%dT%H:%M:%S%z")), indent=1) + "\n")
         if out.exists():          # an earlier export (_check_out): set aside, not deleted, until the new one is in
-            earlier = Path(tempfile.mkdtemp(prefix=f".{out.name}.replaced-{os.getpid()}-", dir=out.parent))
+            earlier = Path(tempfile.mkdtemp(prefix=f".{out.name}.replaced-", dir=out.parent))
             out.rename(earlier)   # onto the new empty folder: a name no other export uses
+        (work / PARTIAL).unlink()
         work.rename(out)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -151,42 +161,35 @@ def save_tokenizer(folder: Path):
 
 
 def _recover(out: Path):
-    """What an export killed outright (SIGKILL, power) left beside `out`: its half-written folder (named by a pid
-    no longer running) is removed; an earlier export it had set aside goes back where it was if `out` is missing, and
-    is removed if the new one took its place. Only folders of labs' names holding labs' own files are touched."""
-    for work in _left_by_dead_exports(out, "partial"):
-        shutil.rmtree(work, ignore_errors=True)
-    for earlier in sorted(_left_by_dead_exports(out, "replaced"), key=lambda p: p.stat().st_mtime):
-        if not (earlier / PROVENANCE).is_file():
-            with contextlib.suppress(OSError):
-                earlier.rmdir()          # killed before the earlier export moved in: still empty
-            continue
-        if out.exists():
-            shutil.rmtree(earlier, ignore_errors=True)
+    """What an export killed outright (SIGKILL, power) left beside `out`, found under its lock, so no export that is
+    running left it: its half-written folder (.OUT.partial-*, holding PARTIAL) is removed; an earlier export it had
+    set aside (.OUT.replaced-*, holding PROVENANCE) goes back in place if `out` is missing, the newest such, and
+    the rest are removed, superseded. Nothing else is touched."""
+    for work in out.parent.glob(f".{glob.escape(out.name)}.partial-*"):
+        if (work / PARTIAL).is_file():
+            shutil.rmtree(work, ignore_errors=True)
+    set_aside = []
+    for earlier in out.parent.glob(f".{glob.escape(out.name)}.replaced-*"):
+        if (earlier / PROVENANCE).is_file():
+            set_aside.append(earlier)
         else:
-            earlier.rename(out)
-            print(f"labs: '{out}' put back from {earlier.name}, where an export stopped before finishing had set it "
-                  "aside", file=sys.stderr)
+            with contextlib.suppress(OSError):
+                earlier.rmdir()          # killed before the earlier export moved in: empty
+    set_aside.sort(key=_exported, reverse=True)
+    if set_aside and not out.exists():
+        set_aside.pop(0).rename(out)
+        print(f"labs: an export stopped before finishing had set '{out}' aside; it is back in place until this export "
+              "replaces it", file=sys.stderr)
+    for earlier in set_aside:
+        shutil.rmtree(earlier, ignore_errors=True)
 
 
-def _left_by_dead_exports(out: Path, kind: str) -> list[Path]:
-    """Folders `.OUT.partial-PID` or `.OUT.replaced-PID-XXXX` whose export (PID) is no longer running."""
-    found = []
-    for path in out.parent.glob(f".{glob.escape(out.name)}.{kind}-*"):
-        pid = path.name[len(f".{out.name}.{kind}-"):].split("-")[0]
-        if pid.isdigit() and not _running(int(pid)):
-            found.append(path)
-    return found
-
-
-def _running(pid: int) -> bool:
+def _exported(folder: Path) -> str:
+    """When the export in `folder` was written, as its PROVENANCE says ('' if unreadable)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:          # another user's process
-        return True
-    return True
+        return json.loads((folder / PROVENANCE).read_text()).get("exported", "")
+    except (OSError, ValueError):
+        return ""
 
 
 def _check_out(out: Path) -> Path:

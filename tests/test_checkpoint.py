@@ -12,7 +12,7 @@ import torch
 from conftest import run_labs
 from labs import checkpoint, launch
 from labs.course import checkpoints
-from labs.errors import RankFailed
+from labs.errors import LabsError, RankFailed
 
 ZERO3_16BIT = {"zero_optimization.stage3_gather_16bit_weights_on_model_save": True}
 
@@ -140,33 +140,53 @@ def test_an_export_stopped_as_it_takes_its_place_keeps_the_earlier_one(zero3_kil
 
 def test_an_export_killed_outright_is_recovered_by_the_next(zero3_killed, tmp_path, capsys):
     """SIGKILL leaves no finally: an export killed between its two renames leaves the earlier export set aside
-    (.hf.replaced-PID-*) and no hf; killed while writing, its half-written .hf.partial-PID. The next export puts
-    the earlier one back before it starts and removes the dead export's folders; a running export's are left alone,
-    as is anything not of labs' names."""
-    import os
-    import subprocess
-    import sys
-
+    (.hf.replaced-*) and no hf; killed while writing, its half-written .hf.partial-* (marked as an export's). The
+    next export, under the folder's lock, puts the newest set-aside export back before it starts and removes the
+    rest; a folder of that name without the mark, and other names, are left alone."""
     from labs import export
 
     step = zero3_killed["resumed"].path / "checkpoints" / "step00000004"
-    export.to_hf(step, tmp_path / "hf", tokenizer=False)
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
-                          text=True).stdout.strip()
-    (tmp_path / "hf").rename(tmp_path / f".hf.replaced-{dead}-abc")
-    (tmp_path / f".hf.partial-{dead}").mkdir()
-    running = tmp_path / f".hf.replaced-{os.getppid()}-xyz"
-    running.mkdir()                                                # a live export's (its parent here): left alone
-    (tmp_path / ".hf.notes").mkdir()                               # not labs' name: left alone
-    again = export.to_hf(step, tmp_path / "hf", dtype="fp32", tokenizer=False)
-    assert "put back from .hf.replaced-" in capsys.readouterr().err
-    assert json.loads((again.path / export.PROVENANCE).read_text())["dtype"] == "fp32"
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".hf.notes", running.name, "hf"]
-    (tmp_path / f".hf.replaced-{dead}-def").mkdir()                # killed after the new one moved in
-    (tmp_path / f".hf.replaced-{dead}-def" / export.PROVENANCE).write_text("{}")
-    export.to_hf(step, tmp_path / "hf", tokenizer=False)
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".hf.notes", running.name, "hf"]
-    assert "put back" not in capsys.readouterr().err
+    export.to_hf(step, tmp_path / "v1", tokenizer=False)
+    export.to_hf(step, tmp_path / "v2", dtype="fp32", tokenizer=False)
+    newer = json.loads((tmp_path / "v2" / export.PROVENANCE).read_text())
+    newer["exported"] = "2099-01-01T00:00:00+0000"                 # the later of the two set aside
+    (tmp_path / "v2" / export.PROVENANCE).write_text(json.dumps(newer))
+    (tmp_path / "v1").rename(tmp_path / ".hf.replaced-older")
+    (tmp_path / "v2").rename(tmp_path / ".hf.replaced-newer")
+    (tmp_path / ".hf.partial-123").mkdir()
+    (tmp_path / ".hf.partial-123" / export.PARTIAL).touch()
+    (tmp_path / ".hf.partial-456").mkdir()                         # no mark: not known to be an export's
+    (tmp_path / ".hf.notes").mkdir()                               # not labs' name
+    capsys.readouterr()
+    restored_before = []
+    real = export._export
+
+    def looks_first(run_folder, path, out, dtype, tokenizer):
+        export._recover(out)
+        restored_before.append(json.loads((out / export.PROVENANCE).read_text())["exported"])
+        return real(run_folder, path, out, dtype, tokenizer)
+
+    export._export = looks_first
+    try:
+        again = export.to_hf(step, tmp_path / "hf", dtype="bf16", tokenizer=False)
+    finally:
+        export._export = real
+    assert restored_before == ["2099-01-01T00:00:00+0000"]          # the newest went back, not the oldest
+    assert "set '" in capsys.readouterr().err
+    assert json.loads((again.path / export.PROVENANCE).read_text())["dtype"] == "bf16"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".hf.notes", ".hf.partial-456", "hf"]
+
+
+def test_a_second_export_into_the_same_folder_is_one_line(zero3_killed, tmp_path):
+    from labs import export, runfolder
+
+    step = zero3_killed["resumed"].path / "checkpoints" / "step00000004"
+    out = tmp_path / "hf"
+    with runfolder.lock(tmp_path / ".hf.lock", out, "export folder"):
+        with pytest.raises(LabsError, match=r"export folder '.*hf' is being written by another labs process "
+                                            r"\(pid \d+.*choose another folder"):
+            export.to_hf(step, out, tokenizer=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("stage", [2, 3])
