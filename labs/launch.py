@@ -127,7 +127,10 @@ def inputs(preset=None, config=resolve.DEFAULT_CONFIG, steps=30, out="runs/demo"
     if on_gpu:
         config_lib.check_nvme_paths(resolved)
     seq_len = seq_len or resolve.run_defaults(preset)["seq_len"]
-    gpu_memory_bytes = parse_bytes(gpu_memory) if gpu_memory is not None else None
+    try:
+        gpu_memory_bytes = parse_bytes(gpu_memory) if gpu_memory is not None else None
+    except LabsError as error:
+        raise LabsError(f"--gpu-memory: {error}") from None
     if memory_check:
         preflight.check_hardware(nproc, on_gpu, seq_len, dims, dict(
             dims=dims, gpus_per_node=nproc, nodes=nodes.nnodes if nodes else 1, seq_len=seq_len, loss=loss,

@@ -87,6 +87,14 @@ def is_run_folder(path: Path) -> bool:
 def check_out(out: Path) -> None:
     """May a run write `out`? Nothing is written; a problem is one LabsError line."""
     out = Path(out)
+    try:
+        _check_out(out)
+    except PermissionError as e:        # a folder on the way that this user may not enter: exists() raises
+        raise LabsError(f"--out '{out}': cannot look there ({e.strerror}: '{e.filename}'); choose another --out") \
+            from None
+
+
+def _check_out(out: Path) -> None:
     if out.exists() or out.is_symlink():
         if not out.is_dir() or out.is_symlink():
             raise LabsError(f"--out '{out}' is an existing file; labs writes a run folder there only where nothing "
@@ -113,14 +121,18 @@ def claim(out: Path):
         out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise _unwritable(out, e) from None
-    with _lock(out.parent / f".{out.name}.lock", out):
+    with lock(out.parent / f".{out.name}.lock", out):
         for stale in out.parent.glob(f".{out.name}.partial-*"):
             if (stale / MARKER).is_file():
                 shutil.rmtree(stale, ignore_errors=True)
         work = out.parent / f".{out.name}.partial-{os.getpid()}"
-        work.mkdir()
-        (work / MARKER).write_text(json.dumps({"written_by": "labs", "pid": os.getpid(),
-                                               "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}) + "\n")
+        try:
+            work.mkdir()
+            (work / MARKER).write_text(json.dumps({"written_by": "labs", "pid": os.getpid(),
+                                                   "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}) + "\n")
+        except OSError as e:        # a full disk, a quota
+            shutil.rmtree(work, ignore_errors=True)
+            raise _unwritable(out, e) from None
         try:
             yield work
         finally:
@@ -138,32 +150,37 @@ def publish(work: Path, out: Path):
     shutil.rmtree(old, ignore_errors=True)
 
 
-def _unwritable(out: Path, error: OSError) -> LabsError:
+def _unwritable(out: Path, error: OSError, option="--out") -> LabsError:
     # check_out's access() says yes to root everywhere; /proc, a read-only mount or a full disk still refuse
-    return LabsError(f"--out '{out}': cannot write there ({error.strerror}: '{error.filename}'); choose another --out")
+    return LabsError(f"{option} '{out}': cannot write there: '{out.parent}' refused a new file ({error.strerror}); "
+                     f"choose another {option if option.startswith('--') else 'folder'}")
 
 
 @contextlib.contextmanager
-def _lock(path: Path, out: Path):
-    """An exclusive flock on `path`, released when the block ends or the process dies (even by SIGKILL)."""
+def lock(path: Path, out: Path, option="--out"):
+    """An exclusive flock on `path`, for writing `out`, released when the block ends or the process dies (even by
+    SIGKILL). A second labs process that wants `out` meanwhile gets one line naming `option` and the holder."""
     while True:
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as e:
-            raise _unwritable(out, e) from None
+            raise _unwritable(out, e, option) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.read(fd, 200).decode(errors="replace").strip() or "another process"
             os.close(fd)
-            raise LabsError(f"--out '{out}' is being written by another labs run ({holder}); wait for it to "
-                            "finish or choose another --out") from None
+            raise LabsError(f"{option} '{out}' is being written by another labs process ({holder}); wait for it to "
+                            f"finish or choose another {option if option.startswith('--') else 'folder'}") from None
         if os.path.exists(path) and os.stat(path).st_ino == os.fstat(fd).st_ino:
             break                      # the lock file we hold is still the one at that path
         os.close(fd)                   # it was removed and replaced between open and lock: try again
     try:
-        os.ftruncate(fd, 0)
-        os.write(fd, f"pid {os.getpid()}, since {time.strftime('%H:%M:%S')}".encode())
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"pid {os.getpid()}, since {time.strftime('%H:%M:%S')}".encode())
+        except OSError as e:
+            raise _unwritable(out, e, option) from None
         yield
     finally:
         os.unlink(path)

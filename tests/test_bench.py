@@ -39,6 +39,8 @@ def test_unknown_case_is_one_clear_error(tmp_path):
     (dict(out="/proc/labs-bench.json"), "--out '/proc/labs-bench.json': cannot write there"),
     (dict(out="."), "--out '.' is a folder; name the JSON file to write"),
     (dict(work="/proc/labs-bench"), "--work '/proc/labs-bench': cannot write there"),
+    (dict(out="notes.json"), "--out 'notes.json' exists and is not a labs bench result"),
+    (dict(out="link.json"), "--out 'link.json': cannot write there"),
 ])
 def test_a_result_file_or_work_folder_that_cannot_be_written_is_refused_before_any_case(where, message,
                                                                                           monkeypatch, tmp_path):
@@ -48,11 +50,14 @@ def test_a_result_file_or_work_folder_that_cannot_be_written_is_refused_before_a
     from labs.bench import runner
 
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "notes.json").write_text('{"mine": true}')
+    (tmp_path / "link.json").symlink_to("/proc/labs-bench/r.json")     # a link to where nothing can be written
+    made = {"notes.json", "link.json"}
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))    # where the default work folder is made
     monkeypatch.setattr(launch, "run", lambda **_: pytest.fail("a case ran"))
     with pytest.raises(LabsError, match=message):
         runner.run_cases(["stock-zero3"], preset="tiny", steps=3, **where)
-    assert not list(tmp_path.iterdir())
+    assert {p.name for p in tmp_path.iterdir()} == made and (tmp_path / "notes.json").read_text() == '{"mine": true}'
 
 
 def test_offload_variants_change_one_lever_each():

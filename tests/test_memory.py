@@ -367,9 +367,13 @@ def test_bad_inputs_raise_labs_errors():
             memory.estimate(**kwargs)
     with pytest.raises(LabsError):
         memory.parse_bytes("80XB")
-    with pytest.raises(LabsError, match="give a unit, e.g. 80GiB"):
-        memory.parse_bytes("80")                         # 80 bytes is never what a user meant
-    assert memory.parse_bytes("24e9") == 24 * 10 ** 9 and memory.parse_bytes(2 ** 10) == 2 ** 10
+    for tiny in ("80", "80b", "1e3"):                   # 80 bytes is never what a user meant
+        with pytest.raises(LabsError, match=f"memory size '{tiny}' is .* bytes, less than any memory: write e.g."):
+            memory.parse_bytes(tiny)
+    for malformed in ("1.2.3", ".", "e9"):
+        with pytest.raises(LabsError, match="write e.g. 80GiB"):
+            memory.parse_bytes(malformed)
+    assert memory.parse_bytes("24e9") == 24 * 10 ** 9 and memory.parse_bytes(".5GiB") == 2 ** 29
     assert memory.parse_bytes("80GiB") == 80 * 2 ** 30 and memory.parse_bytes("141 GB") == 141 * 10 ** 9
 
 
@@ -393,7 +397,7 @@ def test_cli_json():
     (("--preset", "tiny", "--grad-accum", "0"), "--grad-accum: must be at least 1, not 0"),
     (("--params", "nan"), "params must be a positive, finite number"),
     (("--params", "lots"), "params 'lots' is not a number"),
-    (("--preset", "tiny", "--gpu-memory", "80"), "memory size '80' would be 80 bytes: give a unit"),
+    (("--preset", "tiny", "--gpu-memory", "80"), "--gpu-memory: memory size '80' is 80 bytes, less than any memory"),
     (("--preset", "tiny", "--params", "7e9"), "exactly one of --preset"),
     (("--preset", "tiny", "--gpu-memory", "80XB"), "memory size '80XB'"),
     (("--preset", "tiny", "--offload-optimizer", "disk"), "unknown offload_optimizer device 'disk'"),

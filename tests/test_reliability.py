@@ -373,8 +373,25 @@ def test_out_where_access_says_yes_and_the_file_system_says_no(tmp_path, capsys)
     import os
 
     refused = _refused(tmp_path, capsys, out="/proc/labs-run")
-    assert ("--out '/proc/labs-run': cannot write there (No such file or directory" in refused if os.geteuid() == 0
+    assert ("--out '/proc/labs-run': cannot write there: '/proc' refused a new file" in refused if os.geteuid() == 0
             else "'/proc' is not a writable folder" in refused)
+
+
+def test_out_below_a_folder_this_user_may_not_enter(tmp_path, monkeypatch):
+    """Not root, under a folder of mode 700: Path.exists() raises PermissionError (Python 3.11). One line."""
+    from pathlib import Path
+
+    locked = tmp_path / "locked"
+    real = Path.exists
+
+    def exists(self, *args, **kwargs):
+        if str(self).startswith(str(locked) + "/"):
+            raise PermissionError(13, "Permission denied", str(self))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "exists", exists)
+    with pytest.raises(LabsError, match=r"--out '.*/locked/sub/run': cannot look there \(Permission denied"):
+        runfolder.check_out(locked / "sub" / "run")
 
 
 def test_publish_replaces_an_earlier_run_and_clears_stale_partials(tmp_path):
@@ -397,7 +414,7 @@ def test_publish_replaces_an_earlier_run_and_clears_stale_partials(tmp_path):
 def test_a_second_run_on_the_same_out_is_told_at_once(tmp_path):
     out = tmp_path / "run"
     with runfolder.claim(out):
-        with pytest.raises(LabsError, match=r"is being written by another labs run \(pid \d+"):
+        with pytest.raises(LabsError, match=r"is being written by another labs process \(pid \d+"):
             with runfolder.claim(out):
                 pass
 

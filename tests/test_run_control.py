@@ -81,7 +81,7 @@ def test_interrupt_stops_every_process_and_keeps_nothing(tmp_path, sig, code):
         second = subprocess.run([sys.executable, "-m", "labs", "train", "--steps", "2", "--out", str(out)], cwd=ROOT,
                                 env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
                                 timeout=120)
-        assert second.returncode == 2 and "is being written by another labs run" in second.stderr, second.stderr
+        assert second.returncode == 2 and "is being written by another labs process" in second.stderr, second.stderr
     process.send_signal(sig)
     returncode, err, seconds = _stopped(process, below)
     assert returncode == code and seconds < STOP_WITHIN_S, (returncode, err, seconds)

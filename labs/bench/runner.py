@@ -8,6 +8,7 @@ causal half (6 * L * H * S), which is what the attention kernels compute.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -42,9 +43,10 @@ def run_cases(names: list[str], preset="qwen2.5-7b", steps=8, seq_len=None, micr
             launch.prepare(out=work / name, **opts)
         if out:
             _can_write("--out", Path(out))
-    except LabsError:
+    except BaseException:                # a refused input, an interrupt
         if made:
-            work.rmdir()                 # the empty temporary folder made above: nothing is left
+            with contextlib.suppress(OSError):
+                work.rmdir()             # the empty temporary folder made above: nothing is left
         raise
     result = dict(what="labs bench: stock reference and labs fast path on the same machine, one after the other",
                   date=time.strftime("%Y-%m-%dT%H:%M:%S%z"), command=shlex.join([Path(sys.argv[0]).name] + sys.argv[1:]),
@@ -65,8 +67,9 @@ def run_cases(names: list[str], preset="qwen2.5-7b", steps=8, seq_len=None, micr
         entry["wall_s"] = round(time.time() - started, 1)
         result["cases"][name] = entry
         if out:   # written after every case, so a later crash or time-out keeps what was measured
-            Path(out).parent.mkdir(parents=True, exist_ok=True)
-            Path(out).write_text(json.dumps(with_ratios(result), indent=1) + "\n")
+            target = Path(os.path.realpath(out))           # through a link, as _can_write checked it
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(json.dumps(with_ratios(result), indent=1) + "\n")
     return with_ratios(result)
 
 
@@ -88,25 +91,40 @@ def run_sweep(preset="qwen2.5-7b", gpus=None, gpu_memory=None, batch_per_gpu=8, 
                            plan=[p for p in plans if p["case"] in names or p["case"] in extra],
                            **sweep.best_vs_best(result, tokens_per_step=tokens))
     if run_options.get("out"):
-        Path(run_options["out"]).write_text(json.dumps(result, indent=1) + "\n")
+        Path(os.path.realpath(run_options["out"])).write_text(json.dumps(result, indent=1) + "\n")
     return result
 
 
 def _can_write(option: str, path: Path, folder=False):
     """Refuse, before any case runs, a result file or work folder that cannot be written (a case takes minutes of
-    GPU time, and the result file was first written after it). A trial file in the nearest folder that exists, not
-    access(), which says yes to root everywhere; nothing is left behind."""
-    if path.is_dir() and not folder:
-        raise LabsError(f"{option} '{path}' is a folder; name the JSON file to write")
-    parent = path if folder else path.parent
-    while not parent.exists():
-        parent = parent.parent
+    GPU time, and the result file was first written after it), and a result file labs did not write. A trial file in
+    the nearest folder that exists, not access(), which says yes to root everywhere; nothing is left behind."""
+    shown = path
     try:
+        if not folder:
+            path = Path(os.path.realpath(path))            # through a link, to what will be written
+            if path.is_dir():
+                raise LabsError(f"{option} '{shown}' is a folder; name the JSON file to write")
+            if path.exists():
+                if not _bench_result(path):
+                    raise LabsError(f"{option} '{shown}' exists and is not a labs bench result; labs replaces only "
+                                    "what it wrote: choose another file")
+                with open(path, "a"):                      # writable, and not emptied by the check
+                    pass
+        parent = path if folder else path.parent
+        while not parent.exists():
+            parent = parent.parent
         with tempfile.NamedTemporaryFile(dir=parent, prefix=".labs-bench-check-"):
             pass
     except OSError as e:
-        raise LabsError(f"{option} '{path}': cannot write there ({e.strerror}: '{parent}'); choose another path") \
-            from None
+        raise LabsError(f"{option} '{shown}': cannot write there ({e.strerror}); choose another path") from None
+
+
+def _bench_result(path: Path) -> bool:
+    try:
+        return str(json.loads(path.read_text()).get("what", "")).startswith("labs bench")
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def finished_case(run) -> dict:

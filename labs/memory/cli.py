@@ -57,6 +57,7 @@ def run(args) -> int:
     if (args.preset is None) == (args.params is None):
         raise LabsError(f"give exactly one of --preset ({', '.join(models.PRESETS)}) and --params (e.g. 7.5e9)")
     host = host_bytes(args.host_memory)
+    flag_bytes("--gpu-memory", args.gpu_memory)                  # checked, the flag named, before any estimate
     ds_config = config.load(args.config) if args.config else None
     checkpointing = args.activation_checkpointing
     est = estimate(args.preset, params=args.params, stage=args.stage, gpus_per_node=args.gpus, nodes=args.nodes,
@@ -90,12 +91,17 @@ def run(args) -> int:
 
 def host_bytes(host_memory: str | None) -> int | None:
     """--host-memory, parsed, the flag named where it is wrong."""
-    if host_memory is None:
+    return flag_bytes("--host-memory", host_memory)
+
+
+def flag_bytes(flag: str, value: str | None) -> int | None:
+    """A memory-size flag's value, parsed, the flag named where it is wrong."""
+    if value is None:
         return None
     try:
-        return parse_bytes(host_memory)
+        return parse_bytes(value)
     except LabsError as error:
-        raise LabsError(f"--host-memory: {error}") from None
+        raise LabsError(f"{flag}: {error}") from None
 
 
 def format_table(est: MemoryEstimate, advice=None) -> str:

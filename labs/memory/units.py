@@ -23,15 +23,16 @@ def parse_bytes(value) -> int:
     text = str(value).strip()
     if text in GPUS:
         return GPUS[text]
-    match = re.fullmatch(r"([0-9.]+(?:e[0-9]+)?)\s*([a-zA-Z]*)", text)
+    match = re.fullmatch(r"((?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:e[0-9]+)?)\s*([a-zA-Z]*)", text)
     if not match or match.group(2).lower() not in _UNITS:
         raise LabsError(f"memory size '{value}': write e.g. 80GiB, 141GB, 24e9 or a GPU name "
                         f"({', '.join(GPUS)})")
     nbytes = int(float(match.group(1)) * _UNITS[match.group(2).lower()])
     # '--gpu-memory 80' meant 80 GB, not 80 bytes (it read as a card with -1 GiB usable); no memory is below 1 MiB
-    if not match.group(2) and nbytes < 2 ** 20:
-        raise LabsError(f"memory size '{value}' would be {nbytes} bytes: give a unit, e.g. {value}GiB or {value}GB, "
-                        f"or a GPU name ({', '.join(GPUS)})")
+    if nbytes < 2 ** 20:
+        number = match.group(1)
+        raise LabsError(f"memory size '{value}' is {nbytes} bytes, less than any memory: write e.g. {number}GiB or "
+                        f"{number}GB, or a GPU name ({', '.join(GPUS)})")
     return nbytes
 
 
