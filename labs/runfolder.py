@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import glob
 import json
 import os
 import shutil
@@ -114,7 +115,8 @@ def _check_out(out: Path) -> None:
 @contextlib.contextmanager
 def claim(out: Path):
     """Hold `out` for one run: take its lock (or say who holds it), clear this path's stale partial folders that an
-    earlier, killed labs process left, and yield a fresh working folder. The working folder is removed on any
+    earlier, killed labs process left (and put back an earlier run that one killed inside `publish` left hidden),
+    and yield a fresh working folder. The working folder is removed on any
     failure; `publish` moves it into place on success. Call `check_out` first."""
     out = Path(out).absolute()
     try:
@@ -122,7 +124,15 @@ def claim(out: Path):
     except OSError as e:
         raise _unwritable(out, e) from None
     with lock(out.parent / f".{out.name}.lock", out):
-        for stale in out.parent.glob(f".{out.name}.partial-*"):
+        # under the lock, nothing of these names belongs to a live process: a killed one left them
+        for earlier in out.parent.glob(f".{glob.escape(out.name)}.old-*"):
+            if not is_run_folder(earlier):
+                continue
+            if out.exists():
+                shutil.rmtree(earlier, ignore_errors=True)      # killed after its new run took the place
+            else:
+                earlier.rename(out)                               # killed between publish's two renames
+        for stale in out.parent.glob(f".{glob.escape(out.name)}.partial-*"):
             if (stale / MARKER).is_file():
                 shutil.rmtree(stale, ignore_errors=True)
         work = out.parent / f".{out.name}.partial-{os.getpid()}"

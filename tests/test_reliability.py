@@ -411,6 +411,26 @@ def test_publish_replaces_an_earlier_run_and_clears_stale_partials(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]        # no lock, partial or old copy left
 
 
+def test_a_run_killed_between_publishs_renames_gets_its_earlier_run_back(tmp_path):
+    """SIGKILL between publish's two renames left the earlier run hidden as .run.old-PID and no run: the next claim
+    puts it back (the state before that run); a hidden earlier run beside a published one goes; other names stay."""
+    earlier = tmp_path / ".run.old-4242"
+    earlier.mkdir()
+    (earlier / runfolder.MARKER).write_text("{}")
+    (earlier / "summary.json").write_text('{"earlier": true}')
+    (tmp_path / ".run.old-notes").mkdir()                      # no marker: not labs' run folder, left alone
+    out = tmp_path / "run"
+    runfolder.check_out(out)
+    with runfolder.claim(out):
+        assert json.loads((out / "summary.json").read_text()) == {"earlier": True}
+    superseded = tmp_path / ".run.old-4343"
+    superseded.mkdir()
+    (superseded / runfolder.MARKER).write_text("{}")
+    with runfolder.claim(out):
+        assert not superseded.exists() and (out / "summary.json").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".run.old-notes", "run"]
+
+
 def test_a_second_run_on_the_same_out_is_told_at_once(tmp_path):
     out = tmp_path / "run"
     with runfolder.claim(out):
