@@ -90,10 +90,10 @@ def repeat_gaps() -> dict[str, float]:
 def equal_time() -> dict:
     """In ZenFlow's time for 96 steps (each run at its speed over steps 5-24), the steps plain offload makes, and the
     loss it reaches there: no offload's mean over the last 8 of those steps, since plain offload trains step for
-    step as no offload does (repeat_gaps: within a thousandth of a nat over its 24 steps, +0.002 nats over round
-    23's 48); `plain_window` names those steps. `worth`: how many of plain offload's steps ZenFlow's 96 are
-    worth (the first k whose 8-step mean is as low as ZenFlow's over steps 89-96); `tie` the speed ratio ZenFlow
-    would need, `had` the one it has."""
+    step as no offload does (repeat_gaps: its largest per-step difference over its 24 steps is under a
+    thousandth of a nat; round 23: +0.002 nats over steps 41-48); `plain_window` names those steps. `worth`: how
+    many of plain offload's steps ZenFlow's 96 are worth (the first k whose 8-step mean is as low as ZenFlow's
+    over steps 89-96); `tie` the speed ratio ZenFlow would need, `had` the one it has."""
     measured = runs()
     zen, plain, ref = measured[ZENFLOW], measured[PLAIN], measured[REFERENCE]["losses"]
     steps = STEPS * plain["share"] / zen["share"]
