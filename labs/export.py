@@ -19,7 +19,6 @@ The output folder may be new or an earlier export (its labs_export.json says so)
 from __future__ import annotations
 
 import contextlib
-import glob
 import io
 import json
 import os
@@ -97,7 +96,8 @@ def to_hf(run_dir, out_dir, dtype: str = "bf16", tokenizer: bool = True) -> Expo
     out = _check_out(Path(out_dir))
     # one export into `out` at a time: a second is told who holds it, and what a killed one left is safe to recover
     with runfolder.lock(out.parent / f".{out.name}.lock", out, "export folder"):
-        return _export(run_folder, path, out, dtype, tokenizer)
+        _recover(out)
+        return _export(run_folder, path, _check_out(out), dtype, tokenizer)     # `out` again, as it is now
 
 
 def _export(run_folder: Path, path: Path, out: Path, dtype: str, tokenizer: bool) -> Exported:
@@ -118,7 +118,6 @@ def _export(run_folder: Path, path: Path, out: Path, dtype: str, tokenizer: bool
                         f"{sorted(expected - set(state))[:3]}, unexpected {sorted(set(state) - expected)[:3]}")
     model.load_state_dict(state, strict=False, assign=True)
     model.tie_weights()
-    _recover(out)
     work = out.with_name(f".{out.name}.partial-{os.getpid()}")
     shutil.rmtree(work, ignore_errors=True)
     earlier = None
@@ -136,8 +135,8 @@ def _export(run_folder: Path, path: Path, out: Path, dtype: str, tokenizer: bool
         if out.exists():          # an earlier export (_check_out): set aside, not deleted, until the new one is in
             earlier = Path(tempfile.mkdtemp(prefix=f".{out.name}.replaced-", dir=out.parent))
             out.rename(earlier)   # onto the new empty folder: a name no other export uses
-        (work / PARTIAL).unlink()
         work.rename(out)
+        (out / PARTIAL).unlink()  # a kill just before this leaves it in a whole export: _recover removes it
     finally:
         shutil.rmtree(work, ignore_errors=True)
         if earlier is not None:
@@ -165,11 +164,13 @@ def _recover(out: Path):
     running left it: its half-written folder (.OUT.partial-*, holding PARTIAL) is removed; an earlier export it had
     set aside (.OUT.replaced-*, holding PROVENANCE) goes back in place if `out` is missing, the newest such, and
     the rest are removed, superseded. Nothing else is touched."""
-    for work in out.parent.glob(f".{glob.escape(out.name)}.partial-*"):
+    if (out / PARTIAL).is_file() and (out / PROVENANCE).is_file():
+        (out / PARTIAL).unlink()         # killed after its last rename: the export is whole
+    for work in runfolder.hidden(out, "partial"):
         if (work / PARTIAL).is_file():
             shutil.rmtree(work, ignore_errors=True)
     set_aside = []
-    for earlier in out.parent.glob(f".{glob.escape(out.name)}.replaced-*"):
+    for earlier in runfolder.hidden(out, "replaced", r"[a-z0-9_]{8}"):     # tempfile.mkdtemp's 8 characters
         if (earlier / PROVENANCE).is_file():
             set_aside.append(earlier)
         else:

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import glob
 import json
 import os
+import re
 import shutil
 import time
 from dataclasses import dataclass
@@ -124,20 +124,16 @@ def claim(out: Path):
     except OSError as e:
         raise _unwritable(out, e) from None
     with lock(out.parent / f".{out.name}.lock", out):
-        # under the lock, nothing of these names belongs to a live process: a killed one left them
-        for earlier in out.parent.glob(f".{glob.escape(out.name)}.old-*"):
-            if not is_run_folder(earlier):
-                continue
-            if out.exists():
-                shutil.rmtree(earlier, ignore_errors=True)      # killed after its new run took the place
-            else:
-                earlier.rename(out)                               # killed between publish's two renames
-        for stale in out.parent.glob(f".{glob.escape(out.name)}.partial-*"):
-            if (stale / MARKER).is_file():
-                shutil.rmtree(stale, ignore_errors=True)
+        _recover(out)
         work = out.parent / f".{out.name}.partial-{os.getpid()}"
         try:
             work.mkdir()
+        except FileExistsError:
+            raise LabsError(f"--out '{out}': '{work}' is in the way and labs did not mark it as its own; remove it "
+                            "or choose another --out") from None
+        except OSError as e:
+            raise _unwritable(out, e) from None
+        try:
             (work / MARKER).write_text(json.dumps({"written_by": "labs", "pid": os.getpid(),
                                                    "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}) + "\n")
         except OSError as e:        # a full disk, a quota
@@ -147,6 +143,33 @@ def claim(out: Path):
             yield work
         finally:
             shutil.rmtree(work, ignore_errors=True)        # gone already if published
+
+
+def hidden(out: Path, kind: str, suffix: str = r"\d+") -> list[Path]:
+    """The folders `.OUT.KIND-SUFFIX` beside `out` (a pid by default): exactly that shape, so another --out whose name
+    starts with this one's (OUT.old-5, say) never matches."""
+    shape = re.compile(rf"\.{re.escape(out.name)}\.{kind}-{suffix}")
+    return sorted(p for p in out.parent.iterdir() if shape.fullmatch(p.name))
+
+
+def _recover(out: Path):
+    """Under the lock nothing of these names belongs to a live process: a killed one left them. A run killed between
+    publish's two renames left its finished run (.OUT.partial-PID, with summary.json) and the earlier one
+    (.OUT.old-PID): the swap is finished. Any other earlier run goes back where `out` is missing, or goes where a newer
+    run took the place; marked partial folders go. Folders labs did not mark stay."""
+    for earlier in hidden(out, "old"):
+        if not is_run_folder(earlier):
+            continue
+        finished = out.parent / f".{out.name}.partial-{earlier.name.rsplit('-', 1)[1]}"
+        if not out.exists() and (finished / MARKER).is_file() and (finished / "summary.json").is_file():
+            finished.rename(out)
+        elif not out.exists():
+            earlier.rename(out)
+            continue
+        shutil.rmtree(earlier, ignore_errors=True)
+    for stale in hidden(out, "partial"):
+        if (stale / MARKER).is_file():
+            shutil.rmtree(stale, ignore_errors=True)
 
 
 def publish(work: Path, out: Path):

@@ -151,30 +151,33 @@ def test_an_export_killed_outright_is_recovered_by_the_next(zero3_killed, tmp_pa
     newer = json.loads((tmp_path / "v2" / export.PROVENANCE).read_text())
     newer["exported"] = "2099-01-01T00:00:00+0000"                 # the later of the two set aside
     (tmp_path / "v2" / export.PROVENANCE).write_text(json.dumps(newer))
-    (tmp_path / "v1").rename(tmp_path / ".hf.replaced-older")
-    (tmp_path / "v2").rename(tmp_path / ".hf.replaced-newer")
+    (tmp_path / "v1").rename(tmp_path / ".hf.replaced-older000")   # mkdtemp's 8 characters
+    (tmp_path / "v2").rename(tmp_path / ".hf.replaced-newer000")
     (tmp_path / ".hf.partial-123").mkdir()
     (tmp_path / ".hf.partial-123" / export.PARTIAL).touch()
     (tmp_path / ".hf.partial-456").mkdir()                         # no mark: not known to be an export's
     (tmp_path / ".hf.notes").mkdir()                               # not labs' name
+    (tmp_path / ".hf.old.partial-123").mkdir()                    # another folder's (hf.old): not this one's shape
+    (tmp_path / ".hf.old.partial-123" / export.PARTIAL).touch()
     capsys.readouterr()
     restored_before = []
-    real = export._export
+    real = export._recover
 
-    def looks_first(run_folder, path, out, dtype, tokenizer):
-        export._recover(out)
+    def spy(out):                     # what to_hf's own recovery put in place, before the new export replaced it
+        real(out)
         restored_before.append(json.loads((out / export.PROVENANCE).read_text())["exported"])
-        return real(run_folder, path, out, dtype, tokenizer)
 
-    export._export = looks_first
+    export._recover = spy
     try:
         again = export.to_hf(step, tmp_path / "hf", dtype="bf16", tokenizer=False)
     finally:
-        export._export = real
+        export._recover = real
     assert restored_before == ["2099-01-01T00:00:00+0000"]          # the newest went back, not the oldest
     assert "set '" in capsys.readouterr().err
     assert json.loads((again.path / export.PROVENANCE).read_text())["dtype"] == "bf16"
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".hf.notes", ".hf.partial-456", "hf"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".hf.notes", ".hf.old.partial-123", ".hf.partial-456", "hf"]
+    assert sorted(p.name for p in again.path.iterdir()) == sorted(
+        ["config.json", "generation_config.json", "model.safetensors", export.PROVENANCE])   # no mark left
 
 
 def test_a_second_export_into_the_same_folder_is_one_line(zero3_killed, tmp_path):

@@ -431,6 +431,28 @@ def test_a_run_killed_between_publishs_renames_gets_its_earlier_run_back(tmp_pat
     assert sorted(p.name for p in tmp_path.iterdir()) == [".run.old-notes", "run"]
 
 
+def test_a_run_killed_just_before_its_last_rename_is_published_by_the_next_claim(tmp_path):
+    """Killed between publish's renames with its run finished (summary.json written): the swap is finished, not
+    undone. Folders of another --out whose name starts with this one's (run.old-5's work folder) are not touched, and
+    a folder of the work folder's name that labs did not mark is named, not removed."""
+    import os
+
+    out = tmp_path / "run"
+    for name, summary in ((".run.old-77", '{"earlier": true}'), (".run.partial-77", '{"finished": true}'),
+                          (".run.old-5.partial-9", '{"another run": true}')):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / runfolder.MARKER).write_text("{}")
+        (tmp_path / name / "summary.json").write_text(summary)
+    with runfolder.claim(out):
+        assert json.loads((out / "summary.json").read_text()) == {"finished": True}
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".run.old-5.partial-9", "run"]
+    (tmp_path / f".run.partial-{os.getpid()}").mkdir()             # unmarked, in the way of this process's
+    with pytest.raises(LabsError, match="is in the way and labs did not mark it as its own"):
+        with runfolder.claim(out):
+            pass
+    assert (tmp_path / f".run.partial-{os.getpid()}").is_dir()
+
+
 def test_a_second_run_on_the_same_out_is_told_at_once(tmp_path):
     out = tmp_path / "run"
     with runfolder.claim(out):

@@ -110,7 +110,7 @@ def _can_write(option: str, path: Path, folder=False):
                     raise LabsError(f"{option} '{shown}' exists and is not a labs bench result; labs replaces only "
                                     "what it wrote: choose another file")
                 with open(path, "a"):                      # writable, and not emptied by the check
-                    pass
+                    return
         parent = path if folder else path.parent
         while not parent.exists():
             parent = parent.parent
@@ -121,8 +121,8 @@ def _can_write(option: str, path: Path, folder=False):
 
 
 def _bench_result(path: Path) -> bool:
-    try:
-        return str(json.loads(path.read_text()).get("what", "")).startswith("labs bench")
+    try:                        # a regular file only: reading /dev/stdout's terminal would wait for input
+        return path.is_file() and str(json.loads(path.read_text()).get("what", "")).startswith("labs bench")
     except (OSError, ValueError, AttributeError):
         return False
 
