@@ -35,7 +35,8 @@ OFFLOAD_LEVELS = {"none": (None, None), "optimizer": ("cpu", None), "optimizer+p
 # DeepSpeed 0.19's defaults for the buffer knobs (deepspeed/runtime/zero/config.py), used where a config is silent.
 ZERO_DEFAULTS = dict(reduce_bucket_size=5e8, allgather_bucket_size=5e8, overlap_comm=False, contiguous_gradients=True,
                      stage3_prefetch_bucket_size=5e7, stage3_param_persistence_threshold=1e5,
-                     stage3_max_live_parameters=1e9, stage3_max_reuse_distance=1e9, sub_group_size=1e9)
+                     stage3_max_live_parameters=1e9, stage3_max_reuse_distance=1e9, sub_group_size=1e9,
+                     zero_hpz_partition_size=1)
 # Blocks where "auto" is DeepSpeed's own value, not a placeholder for labs (or HF) to fill (but see _zenflow).
 NATIVE_AUTO = ("zero_optimization.zenflow.",)
 

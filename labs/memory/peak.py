@@ -47,6 +47,11 @@ def deepspeed(params, layout, dims, stage, world, d, mixed, state_bytes, offload
                                     knobs["sub_group_size"])
         partition = z3["partition"]
         params_rank = d * (partition + z3["persistent"])       # ds_tensor partitions + small params kept whole
+        # ZeRO++ hpZ: a secondary copy of the partitioned parameters, sharded within groups of this many ranks
+        # (ds_secondary_tensor; chapter 7 measured it: 1.25x labs.memory's count before it was counted)
+        hpz = int(knobs.get("zero_hpz_partition_size") or 1)
+        if hpz > 1:
+            params_rank += d * -(-partition * world // hpz)
         grads_rank = [d * partition + bucket] * world
     elif stage in (1, 2):
         partition = zero_layout.zero12_partition(params, world)   # slice of the flat buffer (padded to 2 x world)
