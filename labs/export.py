@@ -197,9 +197,7 @@ def _check_out(out: Path) -> Path:
     if out.exists() and not (out.is_dir() and ((out / PROVENANCE).is_file() or not any(out.iterdir()))):
         raise LabsError(f"export folder '{out}' exists and is not an earlier labs export (no {PROVENANCE}); "
                         "labs replaces only what it wrote: choose another folder")
-    parent = out.parent
-    while not parent.exists():
-        parent = parent.parent
+    parent = runfolder.nearest_existing(out.parent)
     if not os.access(parent, os.W_OK | os.X_OK):
         raise LabsError(f"export folder '{out}': '{parent}' is not writable")
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -27,7 +27,7 @@ from labs import (data, model_folder, models, multinode, offload_copy, peers, pr
 from labs import env as env_lib
 from labs import resume as resume_lib
 from labs.errors import LabsError, RankFailed, RunStopped, check_choice
-from labs.memory.units import parse_bytes
+from labs.memory.units import flag_bytes
 from labs.runfolder import Run
 
 ENGINES = resolve.ENGINES
@@ -127,10 +127,7 @@ def inputs(preset=None, config=resolve.DEFAULT_CONFIG, steps=30, out="runs/demo"
     if on_gpu:
         config_lib.check_nvme_paths(resolved)
     seq_len = seq_len or resolve.run_defaults(preset)["seq_len"]
-    try:
-        gpu_memory_bytes = parse_bytes(gpu_memory) if gpu_memory is not None else None
-    except LabsError as error:
-        raise LabsError(f"--gpu-memory: {error}") from None
+    gpu_memory_bytes = flag_bytes("--gpu-memory", gpu_memory)
     if memory_check:
         preflight.check_hardware(nproc, on_gpu, seq_len, dims, dict(
             dims=dims, gpus_per_node=nproc, nodes=nodes.nnodes if nodes else 1, seq_len=seq_len, loss=loss,

@@ -103,9 +103,7 @@ def _check_out(out: Path) -> None:
         if not is_run_folder(out):
             raise LabsError(f"--out '{out}' is a folder labs did not write (no {MARKER} marker); labs replaces only "
                             "its own run folders: choose another --out, or empty it yourself")
-    parent = out.parent
-    while not parent.exists():          # the nearest folder that exists must let us create what is missing
-        parent = parent.parent
+    parent = nearest_existing(out.parent)   # it must let us create what is missing
     if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
         raise LabsError(f"--out '{out}': cannot create it, '{parent}' is not a writable folder")
     if out.exists() and not os.access(out.parent, os.W_OK | os.X_OK):
@@ -143,6 +141,14 @@ def claim(out: Path):
             yield work
         finally:
             shutil.rmtree(work, ignore_errors=True)        # gone already if published
+
+
+def nearest_existing(path: Path) -> Path:
+    """`path`, or its nearest ancestor that exists: where a file or folder under `path` would first be created."""
+    path = Path(path)
+    while not path.exists():
+        path = path.parent
+    return path
 
 
 def hidden(out: Path, kind: str, suffix: str = r"\d+") -> list[Path]:
@@ -186,7 +192,12 @@ def publish(work: Path, out: Path):
 def _unwritable(out: Path, error: OSError, option="--out") -> LabsError:
     # check_out's access() says yes to root everywhere; /proc, a read-only mount or a full disk still refuse
     return LabsError(f"{option} '{out}': cannot write there: '{out.parent}' refused a new file ({error.strerror}); "
-                     f"choose another {option if option.startswith('--') else 'folder'}")
+                     f"choose another {_choice(option)}")
+
+
+def _choice(option: str) -> str:
+    """What the user is told to choose instead: the flag (--out), or a 'folder' for a positional argument."""
+    return option if option.startswith("--") else "folder"
 
 
 @contextlib.contextmanager
@@ -204,7 +215,7 @@ def lock(path: Path, out: Path, option="--out"):
             holder = os.read(fd, 200).decode(errors="replace").strip() or "another process"
             os.close(fd)
             raise LabsError(f"{option} '{out}' is being written by another labs process ({holder}); wait for it to "
-                            f"finish or choose another {option if option.startswith('--') else 'folder'}") from None
+                            f"finish or choose another {_choice(option)}") from None
         if os.path.exists(path) and os.stat(path).st_ino == os.fstat(fd).st_ino:
             break                      # the lock file we hold is still the one at that path
         os.close(fd)                   # it was removed and replaced between open and lock: try again

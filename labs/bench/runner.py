@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from labs import env, launch, memory, resolve
+from labs import env, launch, memory, resolve, runfolder
 from labs.bench import planner, sweep
 from labs.bench.cases import PAIRS, case_options, describe
 from labs.errors import LabsError, RankFailed
@@ -111,9 +111,7 @@ def _can_write(option: str, path: Path, folder=False):
                                     "what it wrote: choose another file")
                 with open(path, "a"):                      # writable, and not emptied by the check
                     return
-        parent = path if folder else path.parent
-        while not parent.exists():
-            parent = parent.parent
+        parent = runfolder.nearest_existing(path if folder else path.parent)
         with tempfile.NamedTemporaryFile(dir=parent, prefix=".labs-bench-check-"):
             pass
     except OSError as e:

@@ -21,7 +21,7 @@ import torch
 from labs import RESULTS, checkpoint, env, launch, memory, metrics, models, resume
 from labs import config as config_lib
 from labs.errors import LabsError, RankFailed
-from labs.runfolder import Run
+from labs.runfolder import Run, nearest_existing
 
 # The first step after a reshard runs the same weights on the same rows; only how the rows group into matmuls
 # changes (2 ranks x 2 rows, or 1 rank x 4), and with it the order in which the kernels accumulate: the loss may
@@ -203,9 +203,7 @@ def gpu_timing_blocker(out, preset="qwen2.5-7b", config="zero3.json", steps=2, *
         return str(refused)
     need = 1.2 * expected_bytes_per_param(3)["DeepSpeed checkpoint (every rank's files)"] * \
         models.param_counts(models.shape(preset))["total"]       # the checkpoint and some room
-    parent = Path(out)
-    while not parent.exists():
-        parent = parent.parent
+    parent = nearest_existing(Path(out))
     free = shutil.disk_usage(parent).free
     return None if free >= need else f"{free / 1e9:.0f} GB free under '{parent}', {need / 1e9:.0f} GB needed"
 

@@ -13,7 +13,7 @@ from labs.errors import LabsError, positive_int
 from labs.memory.accounting import OPTIMIZERS
 from labs.memory.advise import advise
 from labs.memory.estimate import MemoryEstimate, estimate
-from labs.memory.units import GB, GPUS, GiB, parse_bytes
+from labs.memory.units import GB, GPUS, GiB, flag_bytes
 
 
 def add_parser(sub):
@@ -92,16 +92,6 @@ def run(args) -> int:
 def host_bytes(host_memory: str | None) -> int | None:
     """--host-memory, parsed, the flag named where it is wrong."""
     return flag_bytes("--host-memory", host_memory)
-
-
-def flag_bytes(flag: str, value: str | None) -> int | None:
-    """A memory-size flag's value, parsed, the flag named where it is wrong."""
-    if value is None:
-        return None
-    try:
-        return parse_bytes(value)
-    except LabsError as error:
-        raise LabsError(f"{flag}: {error}") from None
 
 
 def format_table(est: MemoryEstimate, advice=None) -> str:

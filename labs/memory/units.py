@@ -36,6 +36,16 @@ def parse_bytes(value) -> int:
     return nbytes
 
 
+def flag_bytes(flag: str, value) -> int | None:
+    """A memory-size flag's value (None stays None), parsed, the flag named where it is wrong."""
+    if value is None:
+        return None
+    try:
+        return parse_bytes(value)
+    except LabsError as error:
+        raise LabsError(f"{flag}: {error}") from None
+
+
 def torch_pinned_bytes(nbytes) -> int:
     """What one buffer of `nbytes` takes when PyTorch page-locks it (`tensor.pin_memory()`, DeepSpeed's default way of
     pinning on a GPU): its pinned-memory allocator (CachingHostAllocator) rounds each request up to a power of two,
